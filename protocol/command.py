@@ -1,0 +1,222 @@
+"""RemotingCommand and its two header serializations, JSON and ROCKETMQ binary (reference §1.2–1.4)."""
+from __future__ import annotations
+
+import json
+import struct
+
+from .codes import BROKER_VERSION, FLAG_ONEWAY, FLAG_RESPONSE, LanguageCode, SerializeType
+from .errors import HeaderError
+from .frame import Frame, encode_frame
+
+_LANG_BY_NAME = {lang.name: int(lang) for lang in LanguageCode}
+_BIN_FIXED = struct.Struct(">hBhii")
+_I32 = struct.Struct(">i")
+_I16 = struct.Struct(">h")
+_json_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
+def _scalar_to_str(value) -> str | None:
+    """Normalise a JSON extFields value: clients send numbers and booleans where strings belong."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+    raise HeaderError(f"extFields value of type {type(value).__name__} is not a scalar")
+
+
+class RemotingCommand:
+    """One request or response.
+
+    Attributes:
+        code: request code, or response code for responses.
+        opaque: request id; a response copies the request's.
+        flag: bit 0 RESPONSE, bit 1 ONEWAY.
+        ext_fields: the command's custom header, all values strings.
+        body: opaque payload.
+        serialize_type: the header serialization this command was (or will be) written in.
+    """
+
+    __slots__ = ("code", "opaque", "flag", "remark", "ext_fields", "body", "language", "version",
+                 "serialize_type")
+
+    def __init__(self, code: int, opaque: int = 0, flag: int = 0, remark: str | None = None,
+                 ext_fields: dict[str, str] | None = None, body: bytes = b"",
+                 language: int = LanguageCode.JAVA, version: int = BROKER_VERSION,
+                 serialize_type: int = SerializeType.JSON):
+        self.code = code
+        self.opaque = opaque
+        self.flag = flag
+        self.remark = remark
+        self.ext_fields = ext_fields if ext_fields is not None else {}
+        self.body = body
+        self.language = language
+        self.version = version
+        self.serialize_type = serialize_type
+
+    @property
+    def is_response(self) -> bool:
+        return bool(self.flag & FLAG_RESPONSE)
+
+    @property
+    def is_oneway(self) -> bool:
+        return bool(self.flag & FLAG_ONEWAY)
+
+    def response(self, code: int, remark: str | None = None, ext_fields: dict[str, str] | None = None,
+                 body: bytes = b"") -> "RemotingCommand":
+        """A response to this request, in the request's serialization."""
+        return RemotingCommand(code, self.opaque, FLAG_RESPONSE, remark, ext_fields, body,
+                               serialize_type=self.serialize_type)
+
+    def encode(self) -> bytes:
+        if self.serialize_type == SerializeType.ROCKETMQ:
+            header = encode_binary_header(self)
+        else:
+            header = encode_json_header(self)
+        return encode_frame(self.serialize_type, header, self.body)
+
+    def __repr__(self) -> str:
+        kind = "response" if self.is_response else "request"
+        return (f"RemotingCommand({kind} code={self.code} opaque={self.opaque} flag={self.flag} "
+                f"remark={self.remark!r} ext={self.ext_fields!r} body={len(self.body)}B)")
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, RemotingCommand):
+            return NotImplemented
+        return all(getattr(self, s) == getattr(other, s) for s in self.__slots__)
+
+
+def encode_json_header(cmd: RemotingCommand) -> bytes:
+    header = {
+        "code": cmd.code,
+        "language": LanguageCode(cmd.language).name if cmd.language in _LANG_BY_NAME.values() else "JAVA",
+        "version": cmd.version,
+        "opaque": cmd.opaque,
+        "flag": cmd.flag,
+        "serializeTypeCurrentRPC": "JSON",
+    }
+    if cmd.remark is not None:
+        header["remark"] = cmd.remark
+    if cmd.ext_fields:
+        header["extFields"] = cmd.ext_fields
+    return _json_encode(header).encode()
+
+
+def _int_field(obj: dict, name: str, default: int | None = None) -> int:
+    value = obj.get(name, default)
+    if value is None:
+        raise HeaderError(f"header field {name!r} is missing")
+    if isinstance(value, bool) or not isinstance(value, (int, str, float)):
+        raise HeaderError(f"header field {name!r} is not an integer: {value!r}")
+    try:
+        result = int(value)
+    except ValueError:
+        raise HeaderError(f"header field {name!r} is not an integer: {value!r}") from None
+    if not -(2 ** 31) <= result < 2 ** 31:
+        raise HeaderError(f"header field {name!r} is out of int32 range: {result}")
+    return result
+
+
+def decode_json_header(data: bytes, body: bytes) -> RemotingCommand:
+    try:
+        obj = json.loads(data)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise HeaderError(f"undecodable JSON header: {exc}") from None
+    if not isinstance(obj, dict):
+        raise HeaderError("JSON header is not an object")
+    language = obj.get("language", "JAVA")
+    if isinstance(language, str):
+        language = _LANG_BY_NAME.get(language, LanguageCode.OTHER)
+    elif not isinstance(language, int) or isinstance(language, bool):
+        language = LanguageCode.OTHER
+    remark = obj.get("remark")
+    if remark is not None and not isinstance(remark, str):
+        remark = str(remark)
+    raw_ext = obj.get("extFields")
+    if raw_ext is None:
+        ext = {}
+    elif isinstance(raw_ext, dict):
+        ext = {}
+        for key, value in raw_ext.items():
+            text = _scalar_to_str(value)
+            if text is not None:
+                ext[key] = text
+    else:
+        raise HeaderError("extFields is not an object")
+    return RemotingCommand(
+        code=_int_field(obj, "code"), opaque=_int_field(obj, "opaque", 0), flag=_int_field(obj, "flag", 0),
+        remark=remark, ext_fields=ext, body=body, language=int(language),
+        version=_int_field(obj, "version", 0), serialize_type=SerializeType.JSON,
+    )
+
+
+def encode_binary_header(cmd: RemotingCommand) -> bytes:
+    parts = [_BIN_FIXED.pack(cmd.code, cmd.language & 0xFF, cmd.version, cmd.opaque, cmd.flag)]
+    remark = cmd.remark.encode() if cmd.remark else b""
+    parts.append(_I32.pack(len(remark)))
+    parts.append(remark)
+    ext = []
+    for key, value in cmd.ext_fields.items():
+        if not key or value is None or value == "":
+            continue  # the binary format cannot carry empty strings (they decode as null)
+        k = key.encode()
+        v = value.encode()
+        ext += (_I16.pack(len(k)), k, _I32.pack(len(v)), v)
+    ext_bytes = b"".join(ext)
+    parts.append(_I32.pack(len(ext_bytes)))
+    parts.append(ext_bytes)
+    return b"".join(parts)
+
+
+def decode_binary_header(data: bytes, body: bytes) -> RemotingCommand:
+    try:
+        code, language, version, opaque, flag = _BIN_FIXED.unpack_from(data, 0)
+        pos = _BIN_FIXED.size
+        (remark_len,) = _I32.unpack_from(data, pos)
+        pos += 4
+        if remark_len < 0 or pos + remark_len > len(data):
+            raise HeaderError("remark length out of range")
+        remark = data[pos:pos + remark_len].decode() if remark_len else None
+        pos += remark_len
+        (ext_len,) = _I32.unpack_from(data, pos)
+        pos += 4
+        end = pos + ext_len
+        if ext_len < 0 or end > len(data):
+            raise HeaderError("extFields length out of range")
+        ext: dict[str, str] = {}
+        while pos < end:
+            (klen,) = _I16.unpack_from(data, pos)
+            pos += 2
+            if klen < 0 or pos + klen > end:
+                raise HeaderError("extFields key length out of range")
+            key = data[pos:pos + klen].decode()
+            pos += klen
+            (vlen,) = _I32.unpack_from(data, pos)
+            pos += 4
+            if vlen < 0 or pos + vlen > end:
+                raise HeaderError("extFields value length out of range")
+            value = data[pos:pos + vlen].decode()
+            pos += vlen
+            if key and value:
+                ext[key] = value
+    except struct.error:
+        raise HeaderError("truncated ROCKETMQ header") from None
+    except UnicodeDecodeError as exc:
+        raise HeaderError(f"ROCKETMQ header text is not UTF-8: {exc}") from None
+    return RemotingCommand(code, opaque, flag, remark, ext, body, language, version, SerializeType.ROCKETMQ)
+
+
+def decode_command(frame: Frame) -> RemotingCommand:
+    """Decode one frame's header.
+
+    Raises:
+        HeaderError: the header cannot be decoded or the serialization type is unknown.
+    """
+    if frame.serialize_type == SerializeType.JSON:
+        return decode_json_header(frame.header, frame.body)
+    if frame.serialize_type == SerializeType.ROCKETMQ:
+        return decode_binary_header(frame.header, frame.body)
+    raise HeaderError(f"unknown serialization type {frame.serialize_type}")

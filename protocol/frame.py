@@ -1,0 +1,83 @@
+"""Framing (reference §1.1): a 4-byte length, a 4-byte header word, the header and the body.
+
+``FrameDecoder`` is fed bytes as they arrive and hands back complete frames. It checks the declared
+length against its limit before it buffers a frame, so a hostile length costs no memory.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from .errors import FrameError
+
+DEFAULT_MAX_FRAME = 16 * 1024 * 1024
+_LEN = struct.Struct(">I")
+_PREFIX = struct.Struct(">II")
+
+
+@dataclass(slots=True)
+class Frame:
+    serialize_type: int
+    header: bytes
+    body: bytes
+
+
+class FrameDecoder:
+    """Incremental frame splitter.
+
+    Args:
+        max_frame: largest accepted ``frameLength`` (bytes after the length field).
+    """
+
+    __slots__ = ("max_frame", "_buf")
+
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME):
+        self.max_frame = max_frame
+        self._buf = bytearray()
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+    def feed(self, data: bytes) -> list[Frame]:
+        """Add bytes; return the frames now complete (possibly none).
+
+        Raises:
+            FrameError: a declared length is out of range; the stream cannot be resynchronised.
+        """
+        buf = self._buf
+        buf += data
+        frames: list[Frame] = []
+        pos = 0
+        end = len(buf)
+        while end - pos >= 4:
+            (length,) = _LEN.unpack_from(buf, pos)
+            if length < 4 or length > self.max_frame:
+                self._buf = bytearray()
+                raise FrameError(f"frame length {length} outside 4..{self.max_frame}")
+            if end - pos - 4 < length:
+                break
+            (word,) = _LEN.unpack_from(buf, pos + 4)
+            serialize_type = word >> 24
+            header_len = word & 0xFFFFFF
+            if header_len > length - 4:
+                self._buf = bytearray()
+                raise FrameError(f"header length {header_len} exceeds frame length {length}")
+            start = pos + 8
+            frames.append(
+                Frame(serialize_type, bytes(buf[start:start + header_len]),
+                      bytes(buf[start + header_len:pos + 4 + length]))
+            )
+            pos += 4 + length
+        if pos:
+            del buf[:pos]
+        return frames
+
+
+def encode_frame(serialize_type: int, header: bytes, body: bytes = b"") -> bytes:
+    """Build one frame. The header word carries the type in its high byte (JSON = 0)."""
+    return b"".join((
+        _PREFIX.pack(4 + len(header) + len(body), (serialize_type << 24) | len(header)),
+        header,
+        body,
+    ))

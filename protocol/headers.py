@@ -1,0 +1,291 @@
+"""Typed custom headers (extFields) of every command halfmq serves or sends (reference §3).
+
+Each header is a frozen, slotted dataclass. ``from_ext`` validates a request's extFields: a missing
+required field or a malformed number raises ``HeaderError`` (answered with SYSTEM_ERROR). ``to_ext``
+renders the header back to string extFields. Field metadata ``key`` gives the wire name when it differs
+from the attribute name (SEND_MESSAGE_V2's one-letter keys).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import ClassVar, TypeVar, get_type_hints
+
+from .errors import HeaderError
+
+T = TypeVar("T", bound="Header")
+_INT64 = (-(2 ** 63), 2 ** 63)
+
+
+def _parse(name: str, kind: type, text: str):
+    if kind is str:
+        return text
+    if kind is bool:
+        lowered = text.strip().lower()
+        if lowered in ("true", "1"):
+            return True
+        if lowered in ("false", "0", ""):
+            return False
+        raise HeaderError(f"header field {name!r} is not a boolean: {text!r}")
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise HeaderError(f"header field {name!r} is not an integer: {text!r}") from None
+    if not _INT64[0] <= value < _INT64[1]:
+        raise HeaderError(f"header field {name!r} is out of range: {text!r}")
+    return value
+
+
+def _render(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def req(key: str | None = None, default=dataclasses.MISSING):
+    """A required field (absent → HeaderError)."""
+    return field(default=default, metadata={"key": key, "required": True})
+
+
+def opt(default=None, key: str | None = None):
+    """An optional field."""
+    return field(default=default, metadata={"key": key, "required": False})
+
+
+class Header:
+    """Mixin giving dataclass headers their extFields codec."""
+
+    _specs: ClassVar[tuple]
+
+    @classmethod
+    def _field_specs(cls):
+        specs = cls.__dict__.get("_specs_cache")
+        if specs is None:
+            hints = get_type_hints(cls)
+            specs = []
+            for f in dataclasses.fields(cls):
+                kind = hints[f.name]
+                args = getattr(kind, "__args__", None)
+                if args:  # "int | None" → int
+                    kind = next(a for a in args if a is not type(None))
+                specs.append((f.name, f.metadata.get("key") or f.name, kind, f.metadata.get("required", False)))
+            specs = tuple(specs)
+            cls._specs_cache = specs
+        return specs
+
+    @classmethod
+    def from_ext(cls: type[T], ext: dict[str, str], aliases: bool = False) -> T:
+        """Decode from extFields. ``aliases`` also accepts the attribute names where a wire key differs."""
+        kwargs = {}
+        for name, key, kind, required in cls._field_specs():
+            text = ext.get(key)
+            if text is None and aliases:
+                text = ext.get(name)
+            if text is None:
+                if required:
+                    raise HeaderError(f"the custom header field {key!r} ({name}) is required")
+                continue
+            kwargs[name] = _parse(key, kind, text)
+        return cls(**kwargs)
+
+    def to_ext(self) -> dict[str, str]:
+        out = {}
+        for name, key, _kind, _required in self._field_specs():
+            value = getattr(self, name)
+            if value is not None:
+                out[key] = _render(value)
+        return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SendMessageRequestHeader(Header):
+    """SEND_MESSAGE (10) with the long names."""
+
+    producerGroup: str = req()
+    topic: str = req()
+    defaultTopic: str = req(default="TBW102")
+    defaultTopicQueueNums: int = req(default=4)
+    queueId: int = req()
+    sysFlag: int = req(default=0)
+    bornTimestamp: int = req(default=0)
+    flag: int = req(default=0)
+    properties: str | None = opt()
+    reconsumeTimes: int | None = opt()
+    unitMode: bool | None = opt()
+    maxReconsumeTimes: int | None = opt()
+    batch: bool | None = opt()
+    brokerName: str | None = opt()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SendMessageRequestHeaderV2(Header):
+    """SEND_MESSAGE_V2 (310) and SEND_BATCH_MESSAGE (320): the same fields under one-letter keys."""
+
+    producerGroup: str = req("a")
+    topic: str = req("b")
+    defaultTopic: str = req("c")
+    defaultTopicQueueNums: int = req("d")
+    queueId: int = req("e")
+    sysFlag: int = req("f")
+    bornTimestamp: int = req("g")
+    flag: int = req("h")
+    properties: str | None = opt(key="i")
+    reconsumeTimes: int | None = opt(key="j")
+    unitMode: bool | None = opt(key="k")
+    maxReconsumeTimes: int | None = opt(key="l")
+    batch: bool | None = opt(key="m")
+    brokerName: str | None = opt(key="n")
+
+    def to_v1(self) -> SendMessageRequestHeader:
+        return SendMessageRequestHeader(**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SendMessageResponseHeader(Header):
+    msgId: str = req()
+    queueId: int = req()
+    queueOffset: int = req()
+    transactionId: str | None = opt()
+    MSG_REGION: str | None = opt("DefaultRegion")
+    TRACE_ON: str | None = opt("true")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PullMessageRequestHeader(Header):
+    consumerGroup: str = req()
+    topic: str = req()
+    queueId: int = req()
+    queueOffset: int = req()
+    maxMsgNums: int = req()
+    sysFlag: int = req()
+    commitOffset: int = req()
+    suspendTimeoutMillis: int = req()
+    subVersion: int = req()
+    subscription: str | None = opt()
+    expressionType: str | None = opt()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PullMessageResponseHeader(Header):
+    suggestWhichBrokerId: int = req()
+    nextBeginOffset: int = req()
+    minOffset: int = req()
+    maxOffset: int = req()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EndTransactionRequestHeader(Header):
+    producerGroup: str = req()
+    tranStateTableOffset: int = req()
+    commitLogOffset: int = req()
+    commitOrRollback: int = req()
+    msgId: str = req()
+    fromTransactionCheck: bool | None = opt()
+    transactionId: str | None = opt()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckTransactionStateRequestHeader(Header):
+    tranStateTableOffset: int = req()
+    commitLogOffset: int = req()
+    msgId: str | None = opt()
+    transactionId: str | None = opt()
+    offsetMsgId: str | None = opt()
+    topic: str | None = opt()
+    bname: str | None = opt()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueryConsumerOffsetRequestHeader(Header):
+    consumerGroup: str = req()
+    topic: str = req()
+    queueId: int = req()
+    setZeroIfNotFound: bool | None = opt()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UpdateConsumerOffsetRequestHeader(Header):
+    consumerGroup: str = req()
+    topic: str = req()
+    queueId: int = req()
+    commitOffset: int = req()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueueRequestHeader(Header):
+    """GET_MAX_OFFSET, GET_MIN_OFFSET and GET_EARLIEST_MSG_STORETIME."""
+
+    topic: str = req()
+    queueId: int = req()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchOffsetRequestHeader(Header):
+    topic: str = req()
+    queueId: int = req()
+    timestamp: int = req()
+    boundaryType: str | None = opt()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OffsetResponseHeader(Header):
+    offset: int = req()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimestampResponseHeader(Header):
+    timestamp: int = req()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ViewMessageRequestHeader(Header):
+    offset: int = req()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnregisterClientRequestHeader(Header):
+    clientID: str = req()
+    producerGroup: str | None = opt()
+    consumerGroup: str | None = opt()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConsumerSendMsgBackRequestHeader(Header):
+    offset: int = req()
+    group: str = req()
+    delayLevel: int = req()
+    originMsgId: str | None = opt()
+    originTopic: str | None = opt()
+    unitMode: bool | None = opt()
+    maxReconsumeTimes: int | None = opt()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupRequestHeader(Header):
+    """GET_CONSUMER_LIST_BY_GROUP and NOTIFY_CONSUMER_IDS_CHANGED."""
+
+    consumerGroup: str = req()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TopicRequestHeader(Header):
+    """GET_ROUTEINFO_BY_TOPIC, DELETE_TOPIC_IN_BROKER."""
+
+    topic: str = req()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CreateTopicRequestHeader(Header):
+    topic: str = req()
+    defaultTopic: str = req(default="TBW102")
+    readQueueNums: int = req()
+    writeQueueNums: int = req()
+    perm: int = req()
+    topicFilterType: str = req(default="SINGLE_TAG")
+    topicSysFlag: int | None = opt()
+    order: bool = req(default=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResumeCheckHalfMessageRequestHeader(Header):
+    msgId: str = req()

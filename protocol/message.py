@@ -1,0 +1,336 @@
+"""Stored-message records (reference §4.4), batch bodies (§4.5), identifiers (§4.6) and tag hashes (§4.7).
+
+The broker writes these records to its commit log byte for byte as they go on the wire, so a pull
+response is a concatenation of stored records.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import struct
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from .codes import SysFlag
+from .errors import MessageFormatError
+from .properties import UNIQ_KEY, check_properties_size, decode_properties, encode_properties
+
+MAGIC_V1 = 0xDAA320A7
+MAGIC_V2 = 0xDAA320AB
+QUEUE_OFFSET_POS = 20
+PHYSICAL_OFFSET_POS = 28
+SYSFLAG_POS = 36
+BORN_HOST_POS = 48
+
+_HEAD = struct.Struct(">iIiiiqqiq")  # totalSize .. bornTimestamp: 48 bytes
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+_U16 = struct.Struct(">H")
+_TAIL = struct.Struct(">iq")  # reconsumeTimes, preparedTransactionOffset
+
+
+@lru_cache(maxsize=4096)
+def pack_host(host: str) -> bytes:
+    """'ip:port' (IPv6 as '[ip]:port' or 'ip:port' with colons) → 8 or 20 packed bytes."""
+    addr, _, port = host.rpartition(":")
+    addr = addr.strip("[]")
+    try:
+        ip = ipaddress.ip_address(addr)
+        return ip.packed + _I32.pack(int(port))
+    except ValueError:
+        raise MessageFormatError(f"bad host address {host!r}") from None
+
+
+@lru_cache(maxsize=4096)
+def unpack_host(packed: bytes) -> str:
+    ip = ipaddress.ip_address(packed[:-4])
+    (port,) = _I32.unpack(packed[-4:])
+    return f"{ip}:{port}" if ip.version == 4 else f"[{ip}]:{port}"
+
+
+def body_crc(body: bytes) -> int:
+    return zlib.crc32(body) & 0x7FFFFFFF
+
+
+@dataclass(slots=True)
+class MessageRecord:
+    """One stored message, decoded."""
+
+    topic: str
+    body: bytes = b""
+    queue_id: int = 0
+    flag: int = 0
+    queue_offset: int = 0
+    physical_offset: int = 0
+    sys_flag: int = 0
+    born_timestamp: int = 0
+    born_host: str = "127.0.0.1:0"
+    store_timestamp: int = 0
+    store_host: str = "127.0.0.1:10911"
+    reconsume_times: int = 0
+    prepared_transaction_offset: int = 0
+    properties: dict[str, str] = field(default_factory=dict)
+    body_crc: int = 0
+    store_size: int = 0
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get("TAGS")
+
+    @property
+    def keys(self) -> str | None:
+        return self.properties.get("KEYS")
+
+    @property
+    def uniq_key(self) -> str | None:
+        return self.properties.get(UNIQ_KEY)
+
+    @property
+    def offset_msg_id(self) -> str:
+        return create_offset_msg_id(self.store_host, self.physical_offset)
+
+    @property
+    def msg_id(self) -> str:
+        """What users see as the message id: UNIQ_KEY when present, else the offsetMsgId."""
+        return self.properties.get(UNIQ_KEY) or self.offset_msg_id
+
+
+def encode_record(rec: MessageRecord, properties_text: str | None = None) -> bytearray:
+    """Serialise a record (v1 magic unless the topic needs v2). Host flags follow the host addresses.
+
+    Args:
+        properties_text: an already rendered property string, used instead of ``rec.properties``.
+
+    Raises:
+        MessageFormatError: properties too long or a bad host.
+    """
+    born = pack_host(rec.born_host)
+    store = pack_host(rec.store_host)
+    sys_flag = rec.sys_flag & ~(SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6)
+    if len(born) == 20:
+        sys_flag |= SysFlag.BORNHOST_V6
+    if len(store) == 20:
+        sys_flag |= SysFlag.STOREHOST_V6
+    topic = rec.topic.encode()
+    props = (properties_text if properties_text is not None else encode_properties(rec.properties)).encode()
+    check_properties_size(props)
+    v2 = len(topic) > 127
+    body = rec.body
+    size = (48 + len(born) + 8 + len(store) + 12 + 4 + len(body) + (2 if v2 else 1) + len(topic)
+            + 2 + len(props))
+    out = bytearray(_HEAD.pack(size, MAGIC_V2 if v2 else MAGIC_V1, body_crc(body), rec.queue_id, rec.flag,
+                               rec.queue_offset, rec.physical_offset, sys_flag, rec.born_timestamp))
+    out += born
+    out += _I64.pack(rec.store_timestamp)
+    out += store
+    out += _TAIL.pack(rec.reconsume_times, rec.prepared_transaction_offset)
+    out += _I32.pack(len(body))
+    out += body
+    out += _U16.pack(len(topic)) if v2 else bytes((len(topic),))
+    out += topic
+    out += _U16.pack(len(props))
+    out += props
+    return out
+
+
+def store_timestamp_pos(buf, start: int = 0) -> int:
+    (sys_flag,) = _I32.unpack_from(buf, start + SYSFLAG_POS)
+    return start + BORN_HOST_POS + (20 if sys_flag & SysFlag.BORNHOST_V6 else 8)
+
+
+def stamp_record(buf: bytearray, queue_offset: int, physical_offset: int, store_timestamp: int) -> None:
+    """Write the fields only the store knows into an encoded record, in place."""
+    _I64.pack_into(buf, QUEUE_OFFSET_POS, queue_offset)
+    _I64.pack_into(buf, PHYSICAL_OFFSET_POS, physical_offset)
+    _I64.pack_into(buf, store_timestamp_pos(buf), store_timestamp)
+
+
+def decode_record(buf, pos: int = 0) -> MessageRecord:
+    """Decode the record starting at ``pos``.
+
+    Raises:
+        MessageFormatError: truncated or with a bad magic code.
+    """
+    try:
+        (size, magic, crc, queue_id, flag, queue_offset, physical_offset, sys_flag,
+         born_ts) = _HEAD.unpack_from(buf, pos)
+        if magic not in (MAGIC_V1, MAGIC_V2):
+            raise MessageFormatError(f"bad magic code {magic:#x} at {pos}")
+        if size < _HEAD.size or pos + size > len(buf):
+            raise MessageFormatError(f"record size {size} at {pos} exceeds the buffer")
+        p = pos + BORN_HOST_POS
+        hlen = 20 if sys_flag & SysFlag.BORNHOST_V6 else 8
+        born_host = unpack_host(bytes(buf[p:p + hlen]))
+        p += hlen
+        (store_ts,) = _I64.unpack_from(buf, p)
+        p += 8
+        hlen = 20 if sys_flag & SysFlag.STOREHOST_V6 else 8
+        store_host = unpack_host(bytes(buf[p:p + hlen]))
+        p += hlen
+        reconsume, prepared = _TAIL.unpack_from(buf, p)
+        p += 12
+        (body_len,) = _I32.unpack_from(buf, p)
+        p += 4
+        if body_len < 0 or p + body_len > pos + size:
+            raise MessageFormatError(f"body length {body_len} out of range")
+        body = bytes(buf[p:p + body_len])
+        p += body_len
+        if magic == MAGIC_V2:
+            (topic_len,) = _U16.unpack_from(buf, p)
+            p += 2
+        else:
+            topic_len = buf[p]
+            p += 1
+        topic = bytes(buf[p:p + topic_len]).decode()
+        p += topic_len
+        (props_len,) = _U16.unpack_from(buf, p)
+        p += 2
+        if p + props_len > pos + size:
+            raise MessageFormatError("properties run past the record")
+        props = decode_properties(bytes(buf[p:p + props_len]).decode())
+    except (struct.error, IndexError, UnicodeDecodeError, ValueError) as exc:
+        if isinstance(exc, MessageFormatError):
+            raise
+        raise MessageFormatError(f"truncated or malformed record at {pos}: {exc}") from None
+    return MessageRecord(topic=topic, body=body, queue_id=queue_id, flag=flag, queue_offset=queue_offset,
+                         physical_offset=physical_offset, sys_flag=sys_flag, born_timestamp=born_ts,
+                         born_host=born_host, store_timestamp=store_ts, store_host=store_host,
+                         reconsume_times=reconsume, prepared_transaction_offset=prepared,
+                         properties=props, body_crc=crc, store_size=size)
+
+
+def decode_records(buf) -> list[MessageRecord]:
+    """Decode a concatenation of records (a pull response body)."""
+    out = []
+    pos = 0
+    end = len(buf)
+    while pos < end:
+        rec = decode_record(buf, pos)
+        out.append(rec)
+        pos += rec.store_size
+    return out
+
+
+# --- batch bodies (SEND_BATCH_MESSAGE) ---
+
+@dataclass(slots=True)
+class BatchItem:
+    body: bytes
+    properties: str
+    flag: int = 0
+
+
+def encode_batch(items: list[BatchItem]) -> bytes:
+    parts = []
+    for item in items:
+        props = item.properties.encode()
+        check_properties_size(props)
+        size = 4 + 4 + 4 + 4 + 4 + len(item.body) + 2 + len(props)
+        parts.append(struct.pack(">iiiii", size, 0, 0, item.flag, len(item.body)))
+        parts.append(item.body)
+        parts.append(_U16.pack(len(props)))
+        parts.append(props)
+    return b"".join(parts)
+
+
+def decode_batch(body: bytes) -> list[BatchItem]:
+    """Split a batch body into its messages.
+
+    Raises:
+        MessageFormatError: a length points outside the body.
+    """
+    items = []
+    pos = 0
+    end = len(body)
+    try:
+        while pos < end:
+            size, _magic, _crc, flag, body_len = struct.unpack_from(">iiiii", body, pos)
+            if size < 22 or pos + size > end or body_len < 0 or 20 + body_len + 2 > size:
+                raise MessageFormatError(f"batch entry at {pos} has inconsistent lengths")
+            p = pos + 20
+            item_body = body[p:p + body_len]
+            p += body_len
+            (props_len,) = _U16.unpack_from(body, p)
+            p += 2
+            if p + props_len > pos + size:
+                raise MessageFormatError(f"batch entry at {pos} has properties past its end")
+            items.append(BatchItem(item_body, body[p:p + props_len].decode(), flag))
+            pos += size
+    except struct.error:
+        raise MessageFormatError("truncated batch body") from None
+    except UnicodeDecodeError:
+        raise MessageFormatError("batch properties are not UTF-8") from None
+    return items
+
+
+# --- identifiers ---
+
+def create_offset_msg_id(store_host: str, physical_offset: int) -> str:
+    return (pack_host(store_host) + _I64.pack(physical_offset)).hex().upper()
+
+
+def decode_offset_msg_id(msg_id: str) -> tuple[str, int]:
+    """offsetMsgId → (store host, commit-log offset).
+
+    Raises:
+        MessageFormatError: not 32 or 56 hex digits.
+    """
+    if len(msg_id) not in (32, 56):
+        raise MessageFormatError(f"offsetMsgId {msg_id!r} is not 32 or 56 hex digits")
+    try:
+        raw = bytes.fromhex(msg_id)
+    except ValueError:
+        raise MessageFormatError(f"offsetMsgId {msg_id!r} is not hex") from None
+    (offset,) = _I64.unpack_from(raw, len(raw) - 8)
+    return unpack_host(raw[:-8]), offset
+
+
+class UniqKeyGenerator:
+    """Client message ids: ip(4) + pid(2) + instance hash(4) + ms since month start(4) + counter(2)."""
+
+    def __init__(self, ip: str = "127.0.0.1"):
+        try:
+            packed_ip = ipaddress.ip_address(ip).packed
+        except ValueError:
+            packed_ip = bytes(4)
+        self._prefix = (packed_ip + struct.pack(">H", os.getpid() & 0xFFFF)
+                        + struct.pack(">I", id(self) & 0xFFFFFFFF)).hex().upper()
+        self._lock = threading.Lock()
+        self._counter = 0
+        self._month_start = 0
+        self._next_month = 0
+
+    def _roll_month(self, now_ms: int) -> None:
+        t = time.gmtime(now_ms / 1000)
+        start = int(time.mktime((t.tm_year, t.tm_mon, 1, 0, 0, 0, 0, 0, -1)) * 1000)
+        year, month = (t.tm_year + 1, 1) if t.tm_mon == 12 else (t.tm_year, t.tm_mon + 1)
+        self._month_start = start
+        self._next_month = int(time.mktime((year, month, 1, 0, 0, 0, 0, 0, -1)) * 1000)
+
+    def next(self) -> str:
+        now = int(time.time() * 1000)
+        with self._lock:
+            if now >= self._next_month:
+                self._roll_month(now)
+            self._counter = (self._counter + 1) & 0xFFFF
+            counter = self._counter
+        return f"{self._prefix}{(now - self._month_start) & 0xFFFFFFFF:08X}{counter:04X}"
+
+
+@lru_cache(maxsize=65536)
+def tags_hash(tag: str | None) -> int:
+    """Java ``String.hashCode`` of a tag (0 for none), sign-extended."""
+    if not tag:
+        return 0
+    h = 0
+    for unit in _utf16_units(tag):
+        h = (31 * h + unit) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def _utf16_units(text: str):
+    raw = text.encode("utf-16-be")
+    return struct.unpack(f">{len(raw) // 2}H", raw)

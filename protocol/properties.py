@@ -1,0 +1,62 @@
+"""Message property strings (reference §4.1) and the reserved property keys (§4.2)."""
+from __future__ import annotations
+
+from .errors import MessageFormatError
+
+NAME_VALUE_SEPARATOR = "\x01"
+PROPERTY_SEPARATOR = "\x02"
+MAX_PROPERTIES_BYTES = 32767
+
+KEYS = "KEYS"
+TAGS = "TAGS"
+WAIT = "WAIT"
+DELAY = "DELAY"
+UNIQ_KEY = "UNIQ_KEY"
+TRAN_MSG = "TRAN_MSG"
+PGROUP = "PGROUP"
+REAL_TOPIC = "REAL_TOPIC"
+REAL_QID = "REAL_QID"
+TRANSACTION_ID = "__transactionId__"
+TRANSACTION_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
+CHECK_IMMUNITY_TIME_IN_SECONDS = "CHECK_IMMUNITY_TIME_IN_SECONDS"
+TRAN_PREPARED_QUEUE_OFFSET = "TRAN_PREPARED_QUEUE_OFFSET"
+RETRY_TOPIC = "RETRY_TOPIC"
+RECONSUME_TIME = "RECONSUME_TIME"
+MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"
+ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
+CLUSTER = "CLUSTER"
+MSG_REGION = "MSG_REGION"
+TRACE_ON = "TRACE_ON"
+MIN_OFFSET = "MIN_OFFSET"
+MAX_OFFSET = "MAX_OFFSET"
+
+RESERVED_KEYS = frozenset({
+    KEYS, TAGS, WAIT, DELAY, UNIQ_KEY, TRAN_MSG, PGROUP, REAL_TOPIC, REAL_QID, TRANSACTION_ID,
+    TRANSACTION_CHECK_TIMES, CHECK_IMMUNITY_TIME_IN_SECONDS, TRAN_PREPARED_QUEUE_OFFSET, RETRY_TOPIC,
+    RECONSUME_TIME, MAX_RECONSUME_TIMES, ORIGIN_MESSAGE_ID, CLUSTER, MSG_REGION, TRACE_ON, MIN_OFFSET,
+    MAX_OFFSET, "CONSUME_START_TIME", "INSTANCE_ID", "MSG_TYPE", "CORRELATION_ID", "REPLY_TO_CLIENT", "TTL",
+    "ARRIVE_TIME", "PUSH_REPLY_TIME", "INNER_NUM", "INNER_BASE", "EXTEND_UNIQ_INFO", "DUP_INFO", "BUYER_ID",
+    "TRANSFER_FLAG", "CORRECTION_FLAG", "MQ2_FLAG",
+})
+
+
+def encode_properties(props: dict[str, str]) -> str:
+    """Render a property map; a separator follows every pair, pairs with a None value are skipped."""
+    return "".join(f"{k}\x01{v}\x02" for k, v in props.items() if v is not None)
+
+
+def decode_properties(text: str) -> dict[str, str]:
+    """Parse a property string the tolerant way the reference does: malformed segments are dropped."""
+    props: dict[str, str] = {}
+    if not text:
+        return props
+    for segment in text.split(PROPERTY_SEPARATOR):
+        name, sep, value = segment.partition(NAME_VALUE_SEPARATOR)
+        if sep and name and value:
+            props[name] = value
+    return props
+
+
+def check_properties_size(encoded: bytes) -> None:
+    if len(encoded) > MAX_PROPERTIES_BYTES:
+        raise MessageFormatError(f"properties are {len(encoded)} bytes, more than {MAX_PROPERTIES_BYTES}")
