@@ -1,0 +1,72 @@
+"""``halfmq`` command line: ``halfmq broker [-c FILE] [--KEY=VALUE ...]``."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from .config import ConfigError, load_config
+from .server import Broker
+
+log = logging.getLogger("halfmq")
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """The one place the loop is chosen: uvloop when installed."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+async def run_broker(config) -> None:
+    broker = Broker(config)
+    await broker.start()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await broker.stop()
+
+
+def broker_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="halfmq broker", description="Run the halfmq broker.",
+                                     epilog="Any configuration key can be given as --KEY=VALUE; see conf/broker.conf.")
+    parser.add_argument("-c", "--config", help="broker.conf (Java properties, RocketMQ key names)")
+    args, rest = parser.parse_known_args(argv)
+    try:
+        config = load_config(args.config, rest)
+    except ConfigError as exc:
+        print(f"halfmq: configuration error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=config.logLevel, stream=sys.stdout,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    loop = new_event_loop()
+    try:
+        loop.run_until_complete(run_broker(config))
+    except OSError as exc:
+        log.error("cannot start the broker: %s", exc)
+        return 1
+    finally:
+        loop.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: halfmq broker [-c FILE] [--KEY=VALUE ...]")
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command == "broker":
+        return broker_main(rest)
+    print(f"halfmq: unknown command {command!r} (try: halfmq broker)", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

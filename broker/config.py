@@ -1,0 +1,243 @@
+"""Broker configuration: RocketMQ key names, a Java-properties file, ``HALFMQ_<KEY>`` variables and flags.
+
+Precedence: defaults < file < environment < command-line flags. An unknown key or a value that does not parse
+is a start-up error naming the key — never silently ignored.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+_UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+class ConfigError(ValueError):
+    """A configuration key is unknown or its value is malformed; the message names the key."""
+
+
+def _doc(text: str, **kw):
+    return field(metadata={"doc": text, **kw.pop("meta", {})}, **kw)
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    """Every supported key, with RocketMQ's names. See conf/broker.conf for the annotated file."""
+
+    brokerClusterName: str = _doc("cluster name put in routes and the CLUSTER property", default="DefaultCluster")
+    brokerName: str = _doc("broker name put in routes", default="broker-a")
+    brokerId: int = _doc("0 = master (the only role halfmq has)", default=0, meta={"min": 0, "max": 0})
+    brokerIP1: str = _doc("address advertised in routes and message ids; empty = bindAddress, or 127.0.0.1 "
+                          "when bound to all interfaces", default="")
+    bindAddress: str = _doc("interface the broker, name-server and metrics ports listen on", default="0.0.0.0")
+    listenPort: int = _doc("broker port (0 = any free port)", default=10911, meta={"min": 0, "max": 65535})
+    namesrvListenPort: int = _doc("built-in name server port (0 = any free port, -1 = off)", default=9876,
+                                  meta={"min": -1, "max": 65535})
+    storePathRootDir: str = _doc("folder holding the LMDB store", default="./store_data")
+    mapSize: int = _doc("LMDB map size in bytes: the most the store can hold", default=8 << 30,
+                        meta={"min": 1 << 20})
+    flushDiskType: str = _doc("SYNC_FLUSH: acknowledge after a synced commit; ASYNC_FLUSH: sync on an interval",
+                              default="SYNC_FLUSH", meta={"choices": ("SYNC_FLUSH", "ASYNC_FLUSH")})
+    flushIntervalCommitLog: int = _doc("ASYNC_FLUSH sync interval, ms", default=500, meta={"min": 1})
+    autoCreateTopicEnable: bool = _doc("create unknown topics on first send (inheriting TBW102)", default=True)
+    defaultTopicQueueNums: int = _doc("queues of TBW102, the template for auto-created topics", default=8,
+                                      meta={"min": 1, "max": 1024})
+    maxMessageSize: int = _doc("largest message body accepted, bytes", default=4 << 20, meta={"min": 1})
+    messageDelayLevel: str = _doc("delay of each level 1..18, space separated", default=DEFAULT_DELAY_LEVELS)
+    longPollingEnable: bool = _doc("hold pulls that find nothing until data arrives or they time out",
+                                   default=True)
+    maxTransferCountOnMessageInMemory: int = _doc("most messages one pull returns", default=1024,
+                                                  meta={"min": 1})
+    maxTransferBytesOnMessageInMemory: int = _doc("most bytes one pull returns", default=4 << 20,
+                                                  meta={"min": 1})
+    flushConsumerOffsetInterval: int = _doc("how often consumer offsets are persisted, ms", default=5000,
+                                            meta={"min": 10})
+    channelExpiredTimeout: int = _doc("drop a client's registrations after this long without heartbeat, ms",
+                                      default=120_000, meta={"min": 1000})
+    serverMaxFrameSize: int = _doc("largest frame accepted, bytes (checked before it is buffered)",
+                                   default=16 << 20, meta={"min": 1024})
+    serverMaxInflightPerConnection: int = _doc("requests one connection may have in progress before the broker "
+                                               "stops reading from it", default=1024, meta={"min": 1})
+    serverMaxConnections: int = _doc("most client connections at once", default=10_000, meta={"min": 1})
+    serverChannelMaxIdleTimeSeconds: int = _doc("close connections idle this long, s (0 = never)", default=120,
+                                                meta={"min": 0})
+    transactionTimeOut: int = _doc("ms after storing before a half message is first checked", default=6000,
+                                   meta={"min": 0})
+    transactionCheckInterval: int = _doc("ms between check-backs of an undecided half message", default=30_000,
+                                         meta={"min": 10})
+    transactionCheckMax: int = _doc("check-backs before a half message is discarded", default=15,
+                                    meta={"min": 1})
+    rejectTransactionMessage: bool = _doc("refuse half messages with NO_PERMISSION", default=False)
+    shutdownGraceSeconds: int = _doc("how long shutdown waits for in-progress requests, s", default=10,
+                                     meta={"min": 0})
+    logLevel: str = _doc("DEBUG, INFO, WARNING or ERROR", default="INFO",
+                         meta={"choices": ("DEBUG", "INFO", "WARNING", "ERROR")})
+
+    @property
+    def advertised_ip(self) -> str:
+        if self.brokerIP1:
+            return self.brokerIP1
+        return "127.0.0.1" if self.bindAddress in ("0.0.0.0", "::", "") else self.bindAddress
+
+    @property
+    def delay_levels_ms(self) -> list[int]:
+        return parse_delay_levels(self.messageDelayLevel)
+
+    def replace(self, **changes) -> "BrokerConfig":
+        return build_config(changes, base=self)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(BrokerConfig)}
+_LOWER = {name.lower(): name for name in FIELDS}
+
+
+def parse_delay_levels(text: str) -> list[int]:
+    levels = []
+    for item in text.split():
+        match = re.fullmatch(r"(\d+)([smhd])", item)
+        if not match:
+            raise ConfigError(f"messageDelayLevel: {item!r} is not a duration like 10s, 5m, 2h")
+        levels.append(int(match.group(1)) * _UNIT_MS[match.group(2)])
+    if not levels:
+        raise ConfigError("messageDelayLevel: at least one level is required")
+    return levels
+
+
+def _convert(name: str, raw: Any) -> Any:
+    f = FIELDS[name]
+    kind = f.type if isinstance(f.type, type) else {"str": str, "int": int, "bool": bool}[f.type]
+    meta = f.metadata
+    if kind is bool:
+        if isinstance(raw, bool):
+            value = raw
+        elif str(raw).strip().lower() in ("true", "false"):
+            value = str(raw).strip().lower() == "true"
+        else:
+            raise ConfigError(f"{name}: {raw!r} is not true or false")
+    elif kind is int:
+        try:
+            value = int(str(raw).strip())
+        except ValueError:
+            raise ConfigError(f"{name}: {raw!r} is not an integer") from None
+        if "min" in meta and value < meta["min"] or "max" in meta and value > meta["max"]:
+            raise ConfigError(f"{name}: {value} is outside {meta.get('min')}..{meta.get('max')}")
+    else:
+        value = str(raw).strip()
+        if "choices" in meta and value not in meta["choices"]:
+            raise ConfigError(f"{name}: {value!r} is not one of {', '.join(meta['choices'])}")
+    if name == "messageDelayLevel":
+        parse_delay_levels(value)
+    return value
+
+
+def build_config(values: Mapping[str, Any], base: BrokerConfig | None = None, source: str = "") -> BrokerConfig:
+    """Apply ``values`` (key → raw value) over ``base``.
+
+    Raises:
+        ConfigError: a key is unknown or a value is malformed.
+    """
+    where = f" (in {source})" if source else ""
+    changes = {}
+    for key, raw in values.items():
+        if key not in FIELDS:
+            hint = _LOWER.get(key.lower())
+            extra = f"; did you mean {hint!r}?" if hint else ""
+            raise ConfigError(f"unknown configuration key {key!r}{where}{extra}")
+        try:
+            changes[key] = _convert(key, raw)
+        except ConfigError as exc:
+            raise ConfigError(f"{exc}{where}") from None
+    return dataclasses.replace(base or BrokerConfig(), **changes)
+
+
+def parse_properties(text: str, source: str = "config file") -> dict[str, str]:
+    """Parse Java-properties text: ``key=value``, ``key: value`` or ``key value``; ``#``/``!`` comments;
+    a trailing backslash continues the line.
+
+    Raises:
+        ConfigError: a line has no key, or a key appears twice.
+    """
+    result: dict[str, str] = {}
+    logical: list[tuple[int, str]] = []
+    pending = ""
+    start_line = 0
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip() if not pending else line.lstrip()
+        if not pending and (not stripped or stripped[0] in "#!"):
+            continue
+        if not pending:
+            start_line = number
+        if stripped.endswith("\\") and not stripped.endswith("\\\\"):
+            pending += stripped[:-1]
+            continue
+        logical.append((start_line, pending + stripped))
+        pending = ""
+    if pending:
+        logical.append((start_line, pending))
+    for number, entry in logical:
+        match = re.match(r"([^=:\s]+)\s*(?:[=:]\s*|\s+|$)(.*)$", entry)
+        if not match:
+            raise ConfigError(f"{source} line {number}: cannot parse {entry!r}")
+        key, value = match.group(1), match.group(2).strip()
+        if key in result:
+            raise ConfigError(f"{source} line {number}: key {key!r} is set twice")
+        result[key] = value
+    return result
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, str]:
+    """``HALFMQ_<KEY>`` variables (the key in RocketMQ spelling or upper case).
+
+    Raises:
+        ConfigError: a HALFMQ_ variable names no known key.
+    """
+    out = {}
+    for var, value in environ.items():
+        if not var.startswith("HALFMQ_"):
+            continue
+        key = var[len("HALFMQ_"):]
+        name = key if key in FIELDS else _LOWER.get(key.lower())
+        if name is None:
+            raise ConfigError(f"environment variable {var} names no configuration key")
+        out[name] = value
+    return out
+
+
+def parse_flags(args: Iterable[str]) -> dict[str, str]:
+    """``--KEY=VALUE`` flags.
+
+    Raises:
+        ConfigError: a flag is not of that form.
+    """
+    out = {}
+    for arg in args:
+        match = re.fullmatch(r"--([A-Za-z0-9_]+)=(.*)", arg, re.S)
+        if not match:
+            raise ConfigError(f"argument {arg!r} is not of the form --KEY=VALUE")
+        out[match.group(1)] = match.group(2)
+    return out
+
+
+def load_config(path: str | None, flags: Iterable[str] = (), environ: Mapping[str, str] | None = None
+                ) -> BrokerConfig:
+    """Defaults < file < environment < flags.
+
+    Raises:
+        ConfigError: as build_config, parse_properties, env_overrides and parse_flags; or the file is unreadable.
+    """
+    config = BrokerConfig()
+    if path:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+        config = build_config(parse_properties(text, path), config, path)
+    config = build_config(env_overrides(os.environ if environ is None else environ), config, "environment")
+    return build_config(parse_flags(flags), config, "command line")

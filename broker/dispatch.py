@@ -1,0 +1,104 @@
+"""Request code → processor, and every failure → a response code with a remark.
+
+A handler is called with (channel, command) and returns a response, None (no response now: a held pull, an
+UNKNOWN end-transaction), or a coroutine producing one of those. Only handlers that await get a task, and each
+task is tracked so shutdown can drain them.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Callable
+
+from halfmq.protocol.codes import RequestCode, ResponseCode
+from halfmq.protocol.command import RemotingCommand
+from halfmq.protocol.errors import ProtocolError
+
+from .channel import Channel
+from .errors import BrokerError
+
+log = logging.getLogger(__name__)
+Handler = Callable[[Channel, RemotingCommand], object]
+
+
+class Dispatcher:
+    def __init__(self, name: str):
+        self.name = name
+        self.handlers: dict[int, Handler] = {}
+        self.tasks: set[asyncio.Task] = set()
+        self.close_listeners: list[Callable[[Channel], None]] = []
+        self.request_observer: Callable[[int, int, float], None] | None = None
+
+    def register(self, code: int, handler: Handler) -> None:
+        self.handlers[int(code)] = handler
+
+    def on_channel_closed(self, listener: Callable[[Channel], None]) -> None:
+        self.close_listeners.append(listener)
+
+    def channel_closed(self, channel: Channel) -> None:
+        for listener in self.close_listeners:
+            try:
+                listener(channel)
+            except Exception:
+                log.exception("channel-close listener failed for %s", channel)
+
+    def dispatch(self, proto, cmd: RemotingCommand) -> None:
+        channel = proto.channel
+        handler = self.handlers.get(cmd.code)
+        if handler is None:
+            self._reply(channel, cmd, cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                                                   f" request type {cmd.code} not supported"))
+            return
+        try:
+            result = handler(channel, cmd)
+        except Exception as exc:
+            self._reply(channel, cmd, self._error_response(cmd, exc))
+            return
+        if asyncio.iscoroutine(result):
+            proto.request_started()
+            task = asyncio.get_running_loop().create_task(self._run(proto, channel, cmd, result))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+        elif result is not None:
+            self._reply(channel, cmd, result)
+
+    async def _run(self, proto, channel: Channel, cmd: RemotingCommand, coro) -> None:
+        try:
+            response = await coro
+        except asyncio.CancelledError:
+            self._reply(channel, cmd, cmd.response(ResponseCode.SYSTEM_BUSY, "[OVERLOAD] broker is shutting down"))
+            raise
+        except Exception as exc:
+            response = self._error_response(cmd, exc)
+        finally:
+            proto.request_finished()
+        if response is not None:
+            self._reply(channel, cmd, response)
+
+    def _error_response(self, cmd: RemotingCommand, exc: Exception) -> RemotingCommand:
+        if isinstance(exc, (BrokerError, ProtocolError)):
+            log.debug("request %s failed: %s", cmd.code, exc)
+            return cmd.response(exc.code, str(exc))
+        log.exception("unexpected error processing request code %s", cmd.code)
+        return cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
+
+    @staticmethod
+    def _reply(channel: Channel, request: RemotingCommand, response: RemotingCommand) -> None:
+        if not request.is_oneway:
+            channel.send(response)
+
+    async def drain(self, grace: float) -> None:
+        """Wait up to ``grace`` seconds for in-progress requests, then cancel the rest."""
+        if self.tasks:
+            _done, pending = await asyncio.wait(set(self.tasks), timeout=grace)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=1.0)
+
+
+def code_name(code: int) -> str:
+    try:
+        return RequestCode(code).name
+    except ValueError:
+        return str(code)

@@ -1,0 +1,137 @@
+"""HEART_BEAT (34), UNREGISTER_CLIENT (35), GET_CONSUMER_LIST_BY_GROUP (38), LOCK/UNLOCK_BATCH_MQ (41, 42)."""
+from __future__ import annotations
+
+import json
+import time
+
+from halfmq.protocol.codes import RequestCode, ResponseCode
+from halfmq.protocol.command import RemotingCommand
+from halfmq.protocol.headers import GroupRequestHeader, UnregisterClientRequestHeader
+
+from ..context import BrokerContext
+from ..errors import BrokerError
+from ..services.clients import ClientInfo, parse_subscription
+from ..topics import RETRY_PREFIX
+
+LOCK_LEASE_S = 60.0
+
+
+def parse_json_body(cmd: RemotingCommand) -> dict:
+    try:
+        data = json.loads(cmd.body or b"{}")
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise BrokerError(ResponseCode.SYSTEM_ERROR, f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise BrokerError(ResponseCode.SYSTEM_ERROR, "the request body is not a JSON object")
+    return data
+
+
+def _list_of_dicts(data: dict, key: str) -> list[dict]:
+    value = data.get(key) or []
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise BrokerError(ResponseCode.SYSTEM_ERROR, f"{key} must be a list of objects")
+    return value
+
+
+class ClientManageProcessor:
+    def __init__(self, ctx: BrokerContext):
+        self.ctx = ctx
+        self.locks: dict[tuple[str, str, int], tuple[str, float]] = {}
+
+    def register(self, dispatcher) -> None:
+        dispatcher.register(RequestCode.HEART_BEAT, self.heartbeat)
+        dispatcher.register(RequestCode.UNREGISTER_CLIENT, self.unregister)
+        dispatcher.register(RequestCode.GET_CONSUMER_LIST_BY_GROUP, self.consumer_list)
+        dispatcher.register(RequestCode.LOCK_BATCH_MQ, self.lock)
+        dispatcher.register(RequestCode.UNLOCK_BATCH_MQ, self.unlock)
+        dispatcher.register(RequestCode.CHECK_CLIENT_CONFIG, self.check_client_config)
+
+    async def heartbeat(self, channel, cmd: RemotingCommand) -> RemotingCommand:
+        data = parse_json_body(cmd)
+        client_id = data.get("clientID")
+        if not isinstance(client_id, str) or not client_id:
+            raise BrokerError(ResponseCode.SYSTEM_ERROR, "the heartbeat has no clientID")
+        channel.client_id = client_id
+        consumers = []
+        for item in _list_of_dicts(data, "consumerDataSet"):
+            group = item.get("groupName")
+            if not isinstance(group, str) or not group:
+                raise BrokerError(ResponseCode.SYSTEM_ERROR, "a consumerData has no groupName")
+            subs = []
+            for sub in _list_of_dicts(item, "subscriptionDataSet"):
+                topic = sub.get("topic")
+                if not isinstance(topic, str) or not topic:
+                    raise BrokerError(ResponseCode.SYSTEM_ERROR, "a subscriptionData has no topic")
+                try:
+                    version = int(sub.get("subVersion") or 0)
+                except (TypeError, ValueError):
+                    raise BrokerError(ResponseCode.SYSTEM_ERROR, "subVersion is not an integer") from None
+                subs.append(parse_subscription(topic, sub.get("subString"), version, sub.get("expressionType")))
+            consumers.append((group, item, subs))
+        for group, _item, _subs in consumers:
+            await self.ctx.topics.ensure_single_queue(RETRY_PREFIX + group)
+        now = time.monotonic()
+        for group, item, subs in consumers:
+            info = ClientInfo(client_id, channel, cmd.language, cmd.version, now)
+            self.ctx.consumers.register(group, info, str(item.get("consumeType") or "CONSUME_PASSIVELY"),
+                                        str(item.get("messageModel") or "CLUSTERING"),
+                                        str(item.get("consumeFromWhere") or "CONSUME_FROM_LAST_OFFSET"), subs)
+        for item in _list_of_dicts(data, "producerDataSet"):
+            group = item.get("groupName")
+            if isinstance(group, str) and group:
+                self.ctx.producers.register(group, ClientInfo(client_id, channel, cmd.language, cmd.version, now))
+        return cmd.response(ResponseCode.SUCCESS)
+
+    def unregister(self, channel, cmd: RemotingCommand) -> RemotingCommand:
+        h = UnregisterClientRequestHeader.from_ext(cmd.ext_fields)
+        if h.producerGroup:
+            self.ctx.producers.unregister(h.producerGroup, channel)
+        if h.consumerGroup:
+            self.ctx.consumers.unregister(h.consumerGroup, channel)
+        return cmd.response(ResponseCode.SUCCESS)
+
+    def consumer_list(self, channel, cmd: RemotingCommand) -> RemotingCommand:
+        h = GroupRequestHeader.from_ext(cmd.ext_fields)
+        ids = self.ctx.consumers.client_ids(h.consumerGroup)
+        if not ids:
+            raise BrokerError(ResponseCode.SYSTEM_ERROR, f"no consumer for this group, {h.consumerGroup}")
+        return cmd.response(ResponseCode.SUCCESS, body=json.dumps({"consumerIdList": ids}).encode())
+
+    def _mq_request(self, cmd: RemotingCommand) -> tuple[str, str, list[dict]]:
+        data = parse_json_body(cmd)
+        group, client_id = data.get("consumerGroup"), data.get("clientId")
+        if not isinstance(group, str) or not isinstance(client_id, str):
+            raise BrokerError(ResponseCode.SYSTEM_ERROR, "consumerGroup and clientId are required")
+        mqs = _list_of_dicts(data, "mqSet")
+        for mq in mqs:
+            if not isinstance(mq.get("topic"), str) or not isinstance(mq.get("queueId"), int):
+                raise BrokerError(ResponseCode.SYSTEM_ERROR, "each mqSet entry needs a topic and a queueId")
+        return group, client_id, mqs
+
+    def lock(self, channel, cmd: RemotingCommand) -> RemotingCommand:
+        group, client_id, mqs = self._mq_request(cmd)
+        now = time.monotonic()
+        granted = []
+        for mq in mqs:
+            key = (group, mq["topic"], mq["queueId"])
+            holder = self.locks.get(key)
+            if holder is None or holder[0] == client_id or now - holder[1] > LOCK_LEASE_S:
+                self.locks[key] = (client_id, now)
+                granted.append(mq)
+        return cmd.response(ResponseCode.SUCCESS, body=json.dumps({"lockOKMQSet": granted}).encode())
+
+    def unlock(self, channel, cmd: RemotingCommand) -> RemotingCommand:
+        group, client_id, mqs = self._mq_request(cmd)
+        for mq in mqs:
+            key = (group, mq["topic"], mq["queueId"])
+            if self.locks.get(key, ("",))[0] == client_id:
+                del self.locks[key]
+        return cmd.response(ResponseCode.SUCCESS)
+
+    def check_client_config(self, channel, cmd: RemotingCommand) -> RemotingCommand:
+        data = parse_json_body(cmd)
+        expression_type = data.get("expressionType") or "TAG"
+        if expression_type != "TAG":
+            raise BrokerError(ResponseCode.SYSTEM_ERROR,
+                              f"The broker does not support consumer to filter message by {expression_type}")
+        return cmd.response(ResponseCode.SUCCESS)

@@ -1,0 +1,58 @@
+"""END_TRANSACTION (37) and RESUME_CHECK_HALF_MESSAGE (323) — reference §3.2, §5.3, §5.5."""
+from __future__ import annotations
+
+import logging
+
+from halfmq.protocol.codes import RequestCode, ResponseCode
+from halfmq.protocol.command import RemotingCommand
+from halfmq.protocol.errors import HeaderError
+from halfmq.protocol.headers import EndTransactionRequestHeader, ResumeCheckHalfMessageRequestHeader
+from halfmq.protocol.message import decode_offset_msg_id
+
+from ..context import BrokerContext
+from ..errors import BrokerError
+from ..services.transaction import COMMIT, ROLLBACK, UNKNOWN
+
+log = logging.getLogger(__name__)
+
+
+class EndTransactionProcessor:
+    def __init__(self, ctx: BrokerContext):
+        self.ctx = ctx
+
+    def register(self, dispatcher) -> None:
+        dispatcher.register(RequestCode.END_TRANSACTION, self.end_transaction)
+        dispatcher.register(RequestCode.RESUME_CHECK_HALF_MESSAGE, self.resume)
+
+    def end_transaction(self, channel, cmd: RemotingCommand):
+        h = EndTransactionRequestHeader.from_ext(cmd.ext_fields)
+        if h.commitOrRollback not in (COMMIT, ROLLBACK, UNKNOWN):
+            raise HeaderError(f"commitOrRollback {h.commitOrRollback} is not 0, 8 or 12")
+        if h.commitOrRollback == UNKNOWN:
+            # The reference sends no response for UNKNOWN, even to a two-way request; the half stays pending.
+            log.debug("UNKNOW for half %d from %s (check=%s)", h.commitLogOffset, channel.remote,
+                      h.fromTransactionCheck)
+            return None
+        return self._decide(cmd, h)
+
+    async def _decide(self, cmd: RemotingCommand, h: EndTransactionRequestHeader) -> RemotingCommand:
+        metrics = self.ctx.metrics
+        try:
+            outcome = await self.ctx.transactions.decide(h.commitLogOffset, h.producerGroup,
+                                                         h.tranStateTableOffset, h.commitOrRollback,
+                                                         bool(h.fromTransactionCheck))
+        except BrokerError as exc:
+            if metrics is not None and exc.code == ResponseCode.ILLEGAL_OPERATION:
+                metrics.decision_conflict(h.producerGroup)
+            log.info("END_TRANSACTION %s for half %d refused: %s", h.commitOrRollback, h.commitLogOffset,
+                     exc.remark)
+            raise
+        if outcome.applied and metrics is not None:
+            metrics.half_decided(outcome.state)
+        return cmd.response(ResponseCode.SUCCESS)
+
+    async def resume(self, channel, cmd: RemotingCommand) -> RemotingCommand:
+        h = ResumeCheckHalfMessageRequestHeader.from_ext(cmd.ext_fields)
+        _host, offset = decode_offset_msg_id(h.msgId)
+        await self.ctx.transactions.resume(offset)
+        return cmd.response(ResponseCode.SUCCESS)

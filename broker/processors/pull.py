@@ -1,0 +1,94 @@
+"""PULL_MESSAGE (11) with tag filtering and long polling (reference §3.6)."""
+from __future__ import annotations
+
+from halfmq.protocol.codes import PullSysFlag, RequestCode, ResponseCode
+from halfmq.protocol.command import RemotingCommand
+from halfmq.protocol.headers import PullMessageRequestHeader
+
+from ..context import BrokerContext
+from ..errors import BrokerError
+from ..services.clients import parse_subscription
+from ..services.long_poll import HeldPull
+
+
+class PullProcessor:
+    def __init__(self, ctx: BrokerContext):
+        self.ctx = ctx
+        self.max_count = ctx.config.maxTransferCountOnMessageInMemory
+        self.max_bytes = ctx.config.maxTransferBytesOnMessageInMemory
+
+    def register(self, dispatcher) -> None:
+        dispatcher.register(RequestCode.PULL_MESSAGE, self.pull)
+
+    def pull(self, channel, cmd: RemotingCommand) -> RemotingCommand | None:
+        header = PullMessageRequestHeader.from_ext(cmd.ext_fields)
+        return self.process(channel, cmd, header, first=True)
+
+    def _filter(self, header: PullMessageRequestHeader):
+        if header.sysFlag & PullSysFlag.SUBSCRIPTION:
+            if (header.expressionType or "TAG") != "TAG":
+                raise BrokerError(ResponseCode.SYSTEM_ERROR,
+                                  "The broker does not support consumer to filter message by "
+                                  f"{header.expressionType}")
+            return parse_subscription(header.topic, header.subscription).tag_codes
+        sub = self.ctx.consumers.subscription(header.consumerGroup, header.topic)
+        if sub is None:
+            raise BrokerError(ResponseCode.SUBSCRIPTION_NOT_EXIST,
+                              f"the consumer's subscription not exist, group: {header.consumerGroup}")
+        if sub.sub_version < header.subVersion:
+            raise BrokerError(ResponseCode.SUBSCRIPTION_NOT_LATEST, "the consumer's subscription not latest")
+        return sub.tag_codes
+
+    def process(self, channel, cmd: RemotingCommand, header: PullMessageRequestHeader,
+                first: bool) -> RemotingCommand | None:
+        ctx = self.ctx
+        topic, queue_id, offset = header.topic, header.queueId, header.queueOffset
+        config = ctx.topics.get(topic)
+        if config is None:
+            raise BrokerError(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!")
+        if not config.readable:
+            raise BrokerError(ResponseCode.NO_PERMISSION, f"the topic[{topic}] pulling message is forbidden")
+        if queue_id < 0 or queue_id >= config.read_queue_nums:
+            raise BrokerError(ResponseCode.SYSTEM_ERROR,
+                              f"queueId[{queue_id}] is illegal, topic:[{topic}] readQueueNums:"
+                              f"[{config.read_queue_nums}] consumer:[{channel.remote}]")
+        tag_codes = self._filter(header)
+        if first and header.sysFlag & PullSysFlag.COMMIT_OFFSET:
+            ctx.offsets.commit(header.consumerGroup, topic, queue_id, header.commitOffset)
+        store = ctx.store
+        min_offset = store.min_offset(topic, queue_id)
+        max_offset = store.max_offset(topic, queue_id)
+        body = b""
+        if max_offset == 0:
+            code = ResponseCode.PULL_OFFSET_MOVED if offset != 0 else ResponseCode.PULL_NOT_FOUND
+            next_offset, remark = 0, "NO_MESSAGE_IN_QUEUE"
+        elif offset < min_offset:
+            code, next_offset, remark = ResponseCode.PULL_OFFSET_MOVED, min_offset, "OFFSET_TOO_SMALL"
+        elif offset == max_offset:
+            code, next_offset, remark = ResponseCode.PULL_NOT_FOUND, offset, "OFFSET_OVERFLOW_ONE"
+        elif offset > max_offset:
+            code, next_offset, remark = ResponseCode.PULL_OFFSET_MOVED, max_offset, "OFFSET_OVERFLOW_BADLY"
+        else:
+            wanted = max(1, min(header.maxMsgNums, self.max_count))
+            records, next_offset = store.read_queue(topic, queue_id, offset, wanted, tag_codes, self.max_bytes)
+            if records:
+                code, remark, body = ResponseCode.SUCCESS, "FOUND", b"".join(records)
+                if ctx.metrics is not None:
+                    ctx.metrics.message_out(topic, header.consumerGroup, len(records), len(body))
+            else:
+                code, remark = ResponseCode.PULL_RETRY_IMMEDIATELY, "NO_MATCHED_MESSAGE"
+        if (code == ResponseCode.PULL_NOT_FOUND and first and header.sysFlag & PullSysFlag.SUSPEND
+                and ctx.config.longPollingEnable and header.suspendTimeoutMillis > 0):
+            def resume() -> None:
+                try:
+                    response = self.process(channel, cmd, header, first=False)
+                except BrokerError as exc:
+                    response = cmd.response(exc.code, exc.remark)
+                if response is not None:
+                    channel.send(response)
+
+            ctx.long_poll.hold(HeldPull(topic, queue_id, offset, resume), header.suspendTimeoutMillis / 1000)
+            return None
+        return cmd.response(code, remark, {
+            "suggestWhichBrokerId": "0", "nextBeginOffset": str(next_offset),
+            "minOffset": str(min_offset), "maxOffset": str(max_offset)}, body)

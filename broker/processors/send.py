@@ -1,0 +1,201 @@
+"""SEND_MESSAGE (10), SEND_MESSAGE_V2 (310), SEND_BATCH_MESSAGE (320) and CONSUMER_SEND_MSG_BACK (36).
+
+Reference §3.1 and §3.10. A send is answered only after the store made it durable.
+"""
+from __future__ import annotations
+
+import random
+
+from halfmq.protocol import properties as P
+from halfmq.protocol.codes import RequestCode, ResponseCode, SysFlag
+from halfmq.protocol.command import RemotingCommand
+from halfmq.protocol.errors import MessageFormatError
+from halfmq.protocol.headers import (ConsumerSendMsgBackRequestHeader, SendMessageRequestHeader,
+                                     SendMessageRequestHeaderV2)
+from halfmq.protocol.message import (MessageRecord, create_offset_msg_id, decode_batch, decode_record,
+                                     encode_record, tags_hash)
+from halfmq.protocol.properties import decode_properties
+from halfmq.store import PutRequest
+
+from ..context import BrokerContext
+from ..errors import BrokerError
+from ..topics import DLQ_PREFIX, RETRY_PREFIX, SCHEDULE_TOPIC, SEND_FORBIDDEN, validate_topic_name
+
+DEFAULT_MAX_RECONSUME_TIMES = 16
+_EXTRA = {"MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
+
+
+class SendProcessor:
+    def __init__(self, ctx: BrokerContext):
+        self.ctx = ctx
+        self.max_body = ctx.config.maxMessageSize
+        self.cluster = ctx.config.brokerClusterName
+
+    def register(self, dispatcher) -> None:
+        dispatcher.register(RequestCode.SEND_MESSAGE, self.send)
+        dispatcher.register(RequestCode.SEND_MESSAGE_V2, self.send)
+        dispatcher.register(RequestCode.SEND_BATCH_MESSAGE, self.send)
+        dispatcher.register(RequestCode.CONSUMER_SEND_MSG_BACK, self.send_back)
+
+    # --- SEND_MESSAGE / V2 / BATCH ---
+    def send(self, channel, cmd: RemotingCommand):
+        if cmd.code == RequestCode.SEND_MESSAGE:
+            header = SendMessageRequestHeader.from_ext(cmd.ext_fields)
+        else:
+            header = SendMessageRequestHeaderV2.from_ext(cmd.ext_fields)
+        topic = header.topic
+        validate_topic_name(topic)
+        if topic in SEND_FORBIDDEN:
+            raise BrokerError(ResponseCode.NO_PERMISSION, f"Sending message to topic[{topic}] is forbidden.")
+        if cmd.code == RequestCode.SEND_BATCH_MESSAGE:
+            return self._send_batch(channel, cmd, header)
+        if len(cmd.body) > self.max_body:
+            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
+                              f"the message body size {len(cmd.body)} is larger than maxMessageSize {self.max_body}")
+        return self._send_one(channel, cmd, header)
+
+    async def _resolve_queue(self, header, topic: str) -> int:
+        config = await self.ctx.topics.ensure_for_send(topic, header.defaultTopic, header.defaultTopicQueueNums)
+        if not config.writable:
+            raise BrokerError(ResponseCode.NO_PERMISSION, f"the topic[{topic}] sending message is forbidden")
+        queue_id = header.queueId
+        if queue_id < 0:
+            return random.randrange(config.write_queue_nums)
+        if queue_id >= config.queue_nums:
+            raise BrokerError(ResponseCode.SYSTEM_ERROR,
+                              f"request queueId[{queue_id}] is illegal, topic {topic} has {config.queue_nums} queues")
+        return queue_id
+
+    async def _send_one(self, channel, cmd: RemotingCommand, header) -> RemotingCommand:
+        ctx = self.ctx
+        topic = header.topic
+        props = decode_properties(header.properties or "")
+        reconsume = header.reconsumeTimes or 0
+        if topic.startswith(RETRY_PREFIX):
+            max_times = header.maxReconsumeTimes
+            if max_times is None or max_times < 0 or cmd.version < 121:
+                max_times = DEFAULT_MAX_RECONSUME_TIMES
+            if reconsume >= max_times:
+                topic = DLQ_PREFIX + topic[len(RETRY_PREFIX):]
+                props.pop(P.DELAY, None)
+        queue_id = await self._resolve_queue(header, topic)
+        props.pop(P.WAIT, None)
+        props[P.CLUSTER] = self.cluster
+        rec = MessageRecord(topic=topic, body=cmd.body, queue_id=queue_id, flag=header.flag,
+                            sys_flag=header.sysFlag, born_timestamp=header.bornTimestamp,
+                            born_host=born_host(channel), store_host=ctx.store_host, reconsume_times=reconsume,
+                            properties=props)
+        if props.get(P.TRAN_MSG) == "true":
+            if ctx.config.rejectTransactionMessage:
+                raise BrokerError(ResponseCode.NO_PERMISSION,
+                                  "the broker rejects transaction messages (rejectTransactionMessage=true)")
+            if _delay_level(props) > 0:
+                raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "a transaction message cannot have a delay level")
+            result, transaction_id = await ctx.transactions.prepare(rec, header.producerGroup, channel)
+            return cmd.response(ResponseCode.SUCCESS, ext_fields={
+                "msgId": create_offset_msg_id(ctx.store_host, result.physical_offset),
+                "queueId": str(queue_id), "queueOffset": str(result.queue_offset),
+                "transactionId": transaction_id, **_EXTRA})
+        request = self.delayed_or_plain(rec)
+        (result,) = await ctx.store.put_messages([request])
+        if ctx.metrics is not None:
+            ctx.metrics.message_in(topic, len(cmd.body))
+        return cmd.response(ResponseCode.SUCCESS, ext_fields={
+            "msgId": create_offset_msg_id(ctx.store_host, result.physical_offset),
+            "queueId": str(queue_id), "queueOffset": str(result.queue_offset), **_EXTRA})
+
+    def delayed_or_plain(self, rec: MessageRecord) -> PutRequest:
+        """The PutRequest storing ``rec``: to the schedule topic when it has a delay level (reference §6.4)."""
+        props = rec.properties
+        level = _delay_level(props)
+        tx_type = rec.sys_flag & SysFlag.TRANSACTION_MASK
+        if level > 0 and tx_type in (SysFlag.TRANSACTION_NOT_TYPE, SysFlag.TRANSACTION_COMMIT_TYPE):
+            level = min(level, self.ctx.schedule.max_level)
+            props[P.DELAY] = str(level)
+            props[P.REAL_TOPIC] = rec.topic
+            props[P.REAL_QID] = str(rec.queue_id)
+            rec.topic = SCHEDULE_TOPIC
+            rec.queue_id = level - 1
+        index = tx_type in (SysFlag.TRANSACTION_NOT_TYPE, SysFlag.TRANSACTION_COMMIT_TYPE)
+        return PutRequest(rec.topic, rec.queue_id, encode_record(rec), tags_hash(props.get(P.TAGS)), index)
+
+    async def _send_batch(self, channel, cmd: RemotingCommand, header) -> RemotingCommand:
+        ctx = self.ctx
+        topic = header.topic
+        if topic.startswith(RETRY_PREFIX):
+            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "batch messages cannot be sent to a retry topic")
+        items = decode_batch(cmd.body)
+        if not items:
+            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "the batch is empty")
+        queue_id = await self._resolve_queue(header, topic)
+        outer = decode_properties(header.properties or "")
+        outer.pop(P.WAIT, None)
+        outer[P.CLUSTER] = self.cluster
+        host = born_host(channel)
+        requests = []
+        for item in items:
+            if len(item.body) > self.max_body:
+                raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
+                                  f"a batch message body of {len(item.body)} bytes exceeds maxMessageSize")
+            props = decode_properties(item.properties)
+            if props.get(P.TRAN_MSG) == "true" or _delay_level(props) > 0:
+                raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
+                                  "transactional or delayed messages cannot be sent in a batch")
+            props.pop(P.WAIT, None)
+            props.update(outer)
+            rec = MessageRecord(topic=topic, body=item.body, queue_id=queue_id, flag=item.flag,
+                                sys_flag=header.sysFlag & ~SysFlag.TRANSACTION_MASK,
+                                born_timestamp=header.bornTimestamp, born_host=host, store_host=ctx.store_host,
+                                properties=props)
+            requests.append(PutRequest(topic, queue_id, encode_record(rec), tags_hash(props.get(P.TAGS))))
+        results = await ctx.store.put_messages(requests)
+        if ctx.metrics is not None:
+            ctx.metrics.message_in(topic, sum(len(i.body) for i in items), len(items))
+        return cmd.response(ResponseCode.SUCCESS, ext_fields={
+            "msgId": ",".join(create_offset_msg_id(ctx.store_host, r.physical_offset) for r in results),
+            "queueId": str(queue_id), "queueOffset": str(results[0].queue_offset), **_EXTRA})
+
+    # --- CONSUMER_SEND_MSG_BACK ---
+    async def send_back(self, channel, cmd: RemotingCommand) -> RemotingCommand:
+        header = ConsumerSendMsgBackRequestHeader.from_ext(cmd.ext_fields)
+        ctx = self.ctx
+        raw = ctx.store.read_record(header.offset)
+        if raw is None:
+            raise BrokerError(ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {header.offset}")
+        rec = decode_record(raw)
+        props = dict(rec.properties)
+        props.setdefault(P.RETRY_TOPIC, rec.topic)
+        max_times = header.maxReconsumeTimes
+        if max_times is None or max_times < 0 or cmd.version < 121:
+            max_times = DEFAULT_MAX_RECONSUME_TIMES
+        if rec.reconsume_times >= max_times or header.delayLevel < 0:
+            target = await ctx.topics.ensure_single_queue(DLQ_PREFIX + header.group)
+            props.pop(P.DELAY, None)
+        else:
+            target = await ctx.topics.ensure_single_queue(RETRY_PREFIX + header.group)
+            level = header.delayLevel or 3 + rec.reconsume_times
+            props[P.DELAY] = str(level)
+        props.setdefault(P.ORIGIN_MESSAGE_ID, header.originMsgId or rec.msg_id)
+        for key in (P.REAL_TOPIC, P.REAL_QID):
+            props.pop(key, None)
+        new = MessageRecord(topic=target.name, body=rec.body, queue_id=random.randrange(target.write_queue_nums),
+                            flag=rec.flag, sys_flag=rec.sys_flag & ~SysFlag.TRANSACTION_MASK,
+                            born_timestamp=rec.born_timestamp, born_host=rec.born_host, store_host=ctx.store_host,
+                            reconsume_times=rec.reconsume_times + 1, properties=props)
+        await ctx.store.put_messages([self.delayed_or_plain(new)])
+        return cmd.response(ResponseCode.SUCCESS)
+
+
+def _delay_level(props: dict[str, str]) -> int:
+    text = props.get(P.DELAY)
+    if not text:
+        return 0
+    try:
+        return int(text)
+    except ValueError:
+        raise MessageFormatError(f"the DELAY property {text!r} is not an integer") from None
+
+
+def born_host(channel) -> str:
+    return channel.remote
+

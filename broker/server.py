@@ -1,0 +1,167 @@
+"""The broker process: store, services, the broker listener and the built-in name server.
+
+Lifecycle (after uvicorn): start = open store → load tables → start services → listen; stop = stop accepting
+→ answer held pulls → drain in-progress requests with a grace period → stop services → flush offsets → close
+the store.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from halfmq.store import MessageStore, StoreConfig
+
+from .config import BrokerConfig
+from .context import BrokerContext
+from .dispatch import Dispatcher
+from .processors.admin import AdminProcessor
+from .processors.client_manage import ClientManageProcessor
+from .processors.end_transaction import EndTransactionProcessor
+from .processors.namesrv import NameServerProcessor
+from .processors.offsets import OffsetProcessor
+from .processors.pull import PullProcessor
+from .processors.send import SendProcessor
+from .services.offsets import ConsumerOffsetManager
+from .services.periodic import PeriodicTask
+from .services.check_back import CheckBackService
+from .services.schedule import ScheduleService
+from .services.transaction import TransactionStates
+from .topics import TopicManager
+from .transport import BrokerProtocol, ConnectionSet
+
+log = logging.getLogger(__name__)
+CLIENT_SCAN_INTERVAL_S = 10.0
+
+
+class Broker:
+    """One broker. ``await start()`` binds its ports (0 = any free port); ``addr``/``namesrv_addr`` tell where."""
+
+    def __init__(self, config: BrokerConfig):
+        self.config = config
+        self.ctx: BrokerContext | None = None
+        self.store: MessageStore | None = None
+        self.dispatcher = Dispatcher("broker")
+        self.namesrv_dispatcher = Dispatcher("namesrv")
+        self.connections = ConnectionSet(config.serverMaxConnections)
+        self.namesrv_connections = ConnectionSet(config.serverMaxConnections)
+        self.servers: list[asyncio.base_events.Server] = []
+        self.periodic: list[PeriodicTask] = []
+        self.addr = ""
+        self.namesrv_addr = ""
+        self.port = 0
+        self.namesrv_port = 0
+        self.stopped = asyncio.Event()
+        self._stopping = False
+
+    async def start(self) -> None:
+        cfg = self.config
+        loop = asyncio.get_running_loop()
+        self.store = MessageStore(StoreConfig(root=cfg.storePathRootDir, map_size=cfg.mapSize,
+                                              flush_disk_type=cfg.flushDiskType,
+                                              flush_interval_ms=cfg.flushIntervalCommitLog))
+        await self.store.open()
+        try:
+            await self._start_services(loop)
+        except BaseException:
+            await self.store.close()
+            raise
+
+    async def _start_services(self, loop) -> None:
+        cfg = self.config
+        topics = TopicManager(self.store, cfg.defaultTopicQueueNums, cfg.autoCreateTopicEnable,
+                              len(cfg.delay_levels_ms))
+        topics.load()
+        offsets = ConsumerOffsetManager(self.store)
+        offsets.load()
+        ctx = self.ctx = BrokerContext(cfg, self.store, topics, offsets)
+        ctx.schedule = ScheduleService(ctx)
+        ctx.transactions = TransactionStates(ctx)
+        ctx.check_back = CheckBackService(ctx, ctx.transactions)
+
+        # The broker port must be known before anything is stored: it is part of every record's store host.
+        server = await loop.create_server(self._protocol_factory(self.dispatcher, self.connections),
+                                          cfg.bindAddress, cfg.listenPort, reuse_address=True)
+        self.servers.append(server)
+        self.port = server.sockets[0].getsockname()[1]
+        ctx.store_host = ctx.broker_addr = f"{cfg.advertised_ip}:{self.port}"
+        self.addr = f"{self._local_ip()}:{self.port}"
+
+        for processor in (SendProcessor(ctx), PullProcessor(ctx), OffsetProcessor(ctx), ClientManageProcessor(ctx),
+                          AdminProcessor(ctx), EndTransactionProcessor(ctx)):
+            processor.register(self.dispatcher)
+        NameServerProcessor(ctx).register(self.dispatcher)
+        NameServerProcessor(ctx).register(self.namesrv_dispatcher)
+        self.dispatcher.on_channel_closed(ctx.producers.channel_closed)
+        self.dispatcher.on_channel_closed(ctx.consumers.channel_closed)
+        self.store.add_arrival_listener(ctx.long_poll.on_arrival)
+        self.store.add_arrival_listener(ctx.schedule.on_arrival)
+        ctx.schedule.start()
+        ctx.check_back.start()
+
+        self.periodic = [
+            PeriodicTask("flush-consumer-offsets", cfg.flushConsumerOffsetInterval / 1000, offsets.flush),
+            PeriodicTask("expire-clients", CLIENT_SCAN_INTERVAL_S, self._expire_clients),
+        ]
+        if cfg.serverChannelMaxIdleTimeSeconds > 0:
+            idle = cfg.serverChannelMaxIdleTimeSeconds
+            self.periodic.append(PeriodicTask("close-idle", min(idle, 10), lambda: self._close_idle(idle)))
+        for task in self.periodic:
+            task.start()
+
+        if cfg.namesrvListenPort >= 0:
+            ns = await loop.create_server(self._protocol_factory(self.namesrv_dispatcher, self.namesrv_connections),
+                                          cfg.bindAddress, cfg.namesrvListenPort, reuse_address=True)
+            self.servers.append(ns)
+            self.namesrv_port = ns.sockets[0].getsockname()[1]
+            self.namesrv_addr = f"{self._local_ip()}:{self.namesrv_port}"
+        log.info("effective configuration: %s", " ".join(f"{k}={v}" for k, v in cfg.as_dict().items()))
+        log.info("halfmq ready: broker %s namesrv %s", self.addr, self.namesrv_addr or "-")
+
+    def _local_ip(self) -> str:
+        bind = self.config.bindAddress
+        return "127.0.0.1" if bind in ("0.0.0.0", "::", "") else bind
+
+    def _protocol_factory(self, dispatcher: Dispatcher, connections: ConnectionSet):
+        cfg = self.config
+        return lambda: BrokerProtocol(dispatcher, connections, cfg.serverMaxFrameSize,
+                                      cfg.serverMaxInflightPerConnection)
+
+    def _expire_clients(self) -> None:
+        cutoff = time.monotonic() - self.config.channelExpiredTimeout / 1000
+        self.ctx.producers.expire(cutoff)
+        self.ctx.consumers.expire(cutoff)
+
+    def _close_idle(self, idle_seconds: float) -> None:
+        self.connections.close_idle(idle_seconds)
+        self.namesrv_connections.close_idle(idle_seconds)
+
+    async def stop(self) -> None:
+        if self._stopping:
+            await self.stopped.wait()
+            return
+        self._stopping = True
+        log.info("halfmq shutting down")
+        try:
+            for server in self.servers:
+                server.close()
+            if self.ctx is not None:
+                self.ctx.long_poll.release_all()
+                await self.dispatcher.drain(self.config.shutdownGraceSeconds)
+                await self.ctx.check_back.stop()
+                await self.ctx.schedule.stop()
+                for task in self.periodic:
+                    await task.stop()
+                try:
+                    await self.ctx.offsets.flush()
+                except Exception:
+                    log.exception("could not persist consumer offsets at shutdown")
+            self.connections.close_all()
+            self.namesrv_connections.close_all()
+            for server in self.servers:
+                await server.wait_closed()
+        finally:
+            if self.store is not None:
+                await self.store.close()
+            self.stopped.set()
+            log.info("halfmq stopped")

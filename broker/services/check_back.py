@@ -1,0 +1,222 @@
+"""The check-back scheduler (ARCHITECTURE.md decisions 5–6, reference §5.5–5.6).
+
+Pending halves sit in the store's due index ordered by next check time, so a pass reads only what is due: its
+cost follows the number of pending halves, never the history. One timer is armed for the earliest due time.
+A check goes to the channel the half arrived on if it is still open, else to another live producer of the group
+(round robin). An attempt counts toward transactionCheckMax only when the check was written to a channel; a half
+with no live producer waits for its group's next (re)registration, which makes it due at once.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from halfmq.protocol import properties as P
+from halfmq.protocol.codes import FLAG_ONEWAY, RequestCode
+from halfmq.protocol.command import RemotingCommand
+from halfmq.protocol.message import create_offset_msg_id, decode_record, encode_record, stamp_record
+
+from ..context import now_ms
+from .transaction import PREPARED
+
+log = logging.getLogger(__name__)
+PASS_LIMIT = 2000
+
+
+class CheckBackService:
+    def __init__(self, ctx, states):
+        self.ctx = ctx
+        self.store = ctx.store
+        self.states = states
+        cfg = ctx.config
+        self.interval_ms = cfg.transactionCheckInterval
+        self.max_checks = cfg.transactionCheckMax
+        self.waiting_for_producer: dict[str, set[int]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = float("inf")
+        self._task: asyncio.Task | None = None
+        self._side_tasks: set[asyncio.Task] = set()
+        self._again = False
+        self._stopped = False
+        self.last_pass_seconds = 0.0
+        self.checks_sent = 0
+        self.checks_undeliverable = 0
+        self.discarded = 0
+
+    def start(self) -> None:
+        self.states.on_prepared.append(self.schedule_at)
+        self.ctx.producers.register_listeners.append(self.producer_registered)
+        head = self.store.next_due()
+        if head is not None:
+            self.schedule_at(head[0])
+
+    async def stop(self) -> None:
+        self._stopped = True
+        if self._timer is not None:
+            self._timer.cancel()
+        tasks = [t for t in (self._task, *self._side_tasks) if t is not None]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
+
+    # --- timing ---
+    def schedule_at(self, due_ms: int) -> None:
+        """Make sure a pass runs no later than ``due_ms`` (broker clock)."""
+        if self._stopped or due_ms >= self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        loop = asyncio.get_running_loop()
+        self._timer_at = due_ms
+        self._timer = loop.call_later(max(0.0, (due_ms - now_ms()) / 1000), self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        self._timer_at = float("inf")
+        if self._task is not None and not self._task.done():
+            self._again = True
+            return
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            self._again = False
+            try:
+                await self.run_pass()
+            except Exception:
+                log.exception("transaction check pass failed; retrying in 1 s")
+                self.schedule_at(now_ms() + 1000)
+            if not self._again or self._stopped:
+                break
+        head = self.store.next_due()
+        if head is not None and not self._stopped:
+            self.schedule_at(head[0])
+
+    def producer_registered(self, group: str, _channel) -> None:
+        offsets = self.waiting_for_producer.pop(group, None)
+        if not offsets:
+            return
+        task = asyncio.get_running_loop().create_task(self._make_due_now(offsets))
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
+
+    async def _make_due_now(self, offsets: set[int]) -> None:
+        def write(wctx):
+            earliest = None
+            for offset in offsets:
+                state = wctx.get_half(offset)
+                if state is None or state["state"] != PREPARED:
+                    continue
+                wctx.remove_due(state["due"], offset)
+                state["due"] = wctx.now_ms
+                wctx.put_half(offset, state)
+                wctx.add_due(state["due"], offset)
+                earliest = state["due"]
+            return earliest
+
+        try:
+            earliest = await self.store.write(write)
+        except Exception:
+            log.exception("could not make halves due after a producer registered")
+            return
+        if earliest is not None:
+            self.schedule_at(earliest)
+
+    # --- one pass ---
+    async def run_pass(self) -> int:
+        """Check, reschedule or discard every half that is due now. Returns how many were handled."""
+        started = time.perf_counter()
+        now = now_ms()
+        due = self.store.due_halves(now, PASS_LIMIT)
+        if not due:
+            return 0
+        attempts: dict[int, int] = {}   # offset → new check count, for checks written to a channel
+        postponed: list[int] = []       # no live producer: wait for one, attempts not burned
+        stale: list[tuple[int, int]] = []
+        to_discard: list[int] = []
+        for due_ms, offset in due:
+            state = self.store.get_half(offset)
+            if state is None or state["state"] != PREPARED or state["due"] != due_ms:
+                stale.append((due_ms, offset))  # an index entry left behind; the write below drops it
+                continue
+            if state["checks"] >= self.max_checks:
+                to_discard.append(offset)
+                continue
+            channel = self._select_channel(state, offset)
+            if channel is None:
+                self.waiting_for_producer.setdefault(state["group"], set()).add(offset)
+                self.checks_undeliverable += 1
+                postponed.append(offset)
+                continue
+            if self._send_check(channel, offset, state):
+                attempts[offset] = state["checks"] + 1
+                self.checks_sent += 1
+            else:
+                postponed.append(offset)
+        interval = self.interval_ms
+
+        def write(wctx):
+            for offset, checks in attempts.items():
+                self._reschedule(wctx, offset, checks, interval)
+            for offset in postponed:
+                self._reschedule(wctx, offset, None, interval)
+            for due_ms, offset in stale:
+                state = wctx.get_half(offset)
+                if state is None or state.get("due") != due_ms or state["state"] != PREPARED:
+                    wctx.remove_due(due_ms, offset)
+
+        if attempts or postponed or stale:
+            await self.store.write(write)
+        for offset in to_discard:
+            if await self.states.discard(offset, self.max_checks):
+                self.discarded += 1
+                log.info("half message at %d discarded after %d checks", offset, self.max_checks)
+        self.last_pass_seconds = time.perf_counter() - started
+        if self.ctx.metrics is not None:
+            self.ctx.metrics.check_pass(len(attempts), len(postponed), len(to_discard), self.last_pass_seconds)
+        return len(due)
+
+    @staticmethod
+    def _reschedule(wctx, offset: int, checks: int | None, interval: int) -> None:
+        state = wctx.get_half(offset)
+        if state is None or state["state"] != PREPARED:
+            return  # decided meanwhile: its index entry is already gone
+        wctx.remove_due(state["due"], offset)
+        if checks is not None:
+            state["checks"] = checks
+            state["last_check_ts"] = wctx.now_ms
+        state["due"] = wctx.now_ms + interval
+        wctx.put_half(offset, state)
+        wctx.add_due(state["due"], offset)
+
+    def _select_channel(self, state: dict, offset: int):
+        group = state["group"]
+        sender = self.states.sender_channels.get(offset)
+        if sender is not None and sender.writable:
+            return sender
+        if state.get("client_id"):
+            channel = self.ctx.producers.find_by_client_id(group, state["client_id"])
+            if channel is not None:
+                return channel
+        return self.ctx.producers.select(group)
+
+    def _send_check(self, channel, offset: int, state: dict) -> bool:
+        raw = self.store.read_record(offset)
+        if raw is None:
+            log.error("half message at %d is missing from the commit log", offset)
+            return False
+        rec = decode_record(raw)
+        props = rec.properties
+        props[P.TRANSACTION_CHECK_TIMES] = str(state["checks"] + 1)
+        rec.topic = props.get(P.REAL_TOPIC, rec.topic)
+        rec.queue_id = int(props.get(P.REAL_QID, "0"))
+        body = encode_record(rec)
+        stamp_record(body, state["queue_offset"], offset, rec.store_timestamp)
+        uniq = props.get(P.UNIQ_KEY, "")
+        header = {"tranStateTableOffset": str(state["queue_offset"]), "commitLogOffset": str(offset),
+                  "msgId": uniq, "transactionId": uniq,
+                  "offsetMsgId": create_offset_msg_id(self.ctx.store_host, offset)}
+        return channel.send_request(RemotingCommand(RequestCode.CHECK_TRANSACTION_STATE, flag=FLAG_ONEWAY,
+                                                    ext_fields=header, body=bytes(body)))

@@ -1,0 +1,53 @@
+"""Consumer offsets: authoritative in memory, persisted through the store's writer.
+
+Offsets committed by pulls and oneway updates are written every ``flushConsumerOffsetInterval`` (RocketMQ does
+the same every 5 s: a crash re-delivers, it never loses). A two-way UPDATE_CONSUMER_OFFSET is answered only after
+its offset is durable.
+"""
+from __future__ import annotations
+
+OffsetKey = tuple[str, str, int]  # (group, topic, queue id)
+
+
+class ConsumerOffsetManager:
+    def __init__(self, store):
+        self.store = store
+        self.table: dict[OffsetKey, int] = {}
+        self.dirty: dict[OffsetKey, int] = {}
+
+    def load(self) -> None:
+        for group, topic, queue_id, offset in self.store.consumer_offsets():
+            self.table[(group, topic, queue_id)] = offset
+
+    def get(self, group: str, topic: str, queue_id: int) -> int | None:
+        return self.table.get((group, topic, queue_id))
+
+    def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        key = (group, topic, queue_id)
+        self.table[key] = offset
+        self.dirty[key] = offset
+
+    async def commit_durable(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        key = (group, topic, queue_id)
+        self.table[key] = offset
+        self.dirty.pop(key, None)
+        await self.store.set_consumer_offset(group, topic, queue_id, offset)
+
+    async def flush(self) -> None:
+        if not self.dirty:
+            return
+        batch, self.dirty = self.dirty, {}
+
+        def write(ctx):
+            for (group, topic, queue_id), offset in batch.items():
+                ctx.set_consumer_offset(group, topic, queue_id, offset)
+
+        try:
+            await self.store.write(write)
+        except Exception:
+            for key, offset in batch.items():  # keep them for the next flush
+                self.dirty.setdefault(key, offset)
+            raise
+
+    def groups_of_topic(self, topic: str) -> set[str]:
+        return {group for group, t, _q in self.table if t == topic}
