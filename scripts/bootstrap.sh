@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Creates .venv (if missing) and installs halfmq into it with the given extras, e.g. `bootstrap.sh test`.
+# Skips the install when pyproject.toml has not changed since the last successful one.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="${1:-}"
+if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+fi
+spec="."
+[ -n "$extras" ] && spec=".[$extras]"
+stamp=".venv/.halfmq-installed-$(sha256sum pyproject.toml | cut -c1-16)-${extras:-base}"
+if [ ! -f "$stamp" ]; then
+    .venv/bin/python -m pip install --quiet --upgrade pip
+    .venv/bin/python -m pip install --quiet -e "$spec"
+    touch "$stamp"
+fi

@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Runs the whole test suite (unit, broker, client, C++ client interoperability), installing what it needs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh test
+exec .venv/bin/python -m pytest -q "$@"
