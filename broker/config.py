@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
-_UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
 class ConfigError(ValueError):
@@ -100,9 +100,9 @@ _LOWER = {name.lower(): name for name in FIELDS}
 def parse_delay_levels(text: str) -> list[int]:
     levels = []
     for item in text.split():
-        match = re.fullmatch(r"(\d+)([smhd])", item)
+        match = re.fullmatch(r"(\d+)(ms|[smhd])", item)
         if not match:
-            raise ConfigError(f"messageDelayLevel: {item!r} is not a duration like 10s, 5m, 2h")
+            raise ConfigError(f"messageDelayLevel: {item!r} is not a duration like 500ms, 10s, 5m, 2h")
         levels.append(int(match.group(1)) * _UNIT_MS[match.group(2)])
     if not levels:
         raise ConfigError("messageDelayLevel: at least one level is required")

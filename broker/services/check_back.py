@@ -47,6 +47,11 @@ class CheckBackService:
     def start(self) -> None:
         self.states.on_prepared.append(self.schedule_at)
         self.ctx.producers.register_listeners.append(self.producer_registered)
+        # Halves that were waiting for a producer before a restart keep waiting for one (cost: pending only).
+        for _due, offset in self.store.due_halves(2 ** 62, 2 ** 31):
+            state = self.store.get_half(offset)
+            if state is not None and state.get("waiting"):
+                self.waiting_for_producer.setdefault(state["group"], set()).add(offset)
         head = self.store.next_due()
         if head is not None:
             self.schedule_at(head[0])
@@ -111,6 +116,7 @@ class CheckBackService:
                     continue
                 wctx.remove_due(state["due"], offset)
                 state["due"] = wctx.now_ms
+                state.pop("waiting", None)
                 wctx.put_half(offset, state)
                 wctx.add_due(state["due"], offset)
                 earliest = state["due"]
@@ -145,15 +151,12 @@ class CheckBackService:
                 to_discard.append(offset)
                 continue
             channel = self._select_channel(state, offset)
-            if channel is None:
-                self.waiting_for_producer.setdefault(state["group"], set()).add(offset)
-                self.checks_undeliverable += 1
-                postponed.append(offset)
-                continue
-            if self._send_check(channel, offset, state):
+            if channel is not None and self._send_check(channel, offset, state):
                 attempts[offset] = state["checks"] + 1
                 self.checks_sent += 1
             else:
+                self.waiting_for_producer.setdefault(state["group"], set()).add(offset)
+                self.checks_undeliverable += 1
                 postponed.append(offset)
         interval = self.interval_ms
 
@@ -187,6 +190,9 @@ class CheckBackService:
         if checks is not None:
             state["checks"] = checks
             state["last_check_ts"] = wctx.now_ms
+            state.pop("waiting", None)
+        else:
+            state["waiting"] = True
         state["due"] = wctx.now_ms + interval
         wctx.put_half(offset, state)
         wctx.add_due(state["due"], offset)
