@@ -64,6 +64,8 @@ class BrokerConfig:
     serverMaxConnections: int = _doc("most client connections at once", default=10_000, meta={"min": 1})
     serverChannelMaxIdleTimeSeconds: int = _doc("close connections idle this long, s (0 = never)", default=120,
                                                 meta={"min": 0})
+    metricsPromExporterPort: int = _doc("Prometheus metrics HTTP port (0 = any free port, -1 = off)", default=5557,
+                                        meta={"min": -1, "max": 65535})
     transactionTimeOut: int = _doc("ms after storing before a half message is first checked", default=6000,
                                    meta={"min": 0})
     transactionCheckInterval: int = _doc("ms between check-backs of an undecided half message", default=30_000,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Callable
 
 from halfmq.protocol.codes import RequestCode, ResponseCode
@@ -44,6 +45,7 @@ class Dispatcher:
 
     def dispatch(self, proto, cmd: RemotingCommand) -> None:
         channel = proto.channel
+        started = time.perf_counter()
         handler = self.handlers.get(cmd.code)
         if handler is None:
             self._reply(channel, cmd, cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
@@ -52,17 +54,17 @@ class Dispatcher:
         try:
             result = handler(channel, cmd)
         except Exception as exc:
-            self._reply(channel, cmd, self._error_response(cmd, exc))
+            self._reply(channel, cmd, self._error_response(cmd, exc), started)
             return
         if asyncio.iscoroutine(result):
             proto.request_started()
-            task = asyncio.get_running_loop().create_task(self._run(proto, channel, cmd, result))
+            task = asyncio.get_running_loop().create_task(self._run(proto, channel, cmd, result, started))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
         elif result is not None:
-            self._reply(channel, cmd, result)
+            self._reply(channel, cmd, result, started)
 
-    async def _run(self, proto, channel: Channel, cmd: RemotingCommand, coro) -> None:
+    async def _run(self, proto, channel: Channel, cmd: RemotingCommand, coro, started: float) -> None:
         try:
             response = await coro
         except asyncio.CancelledError:
@@ -73,7 +75,7 @@ class Dispatcher:
         finally:
             proto.request_finished()
         if response is not None:
-            self._reply(channel, cmd, response)
+            self._reply(channel, cmd, response, started)
 
     def _error_response(self, cmd: RemotingCommand, exc: Exception) -> RemotingCommand:
         if isinstance(exc, (BrokerError, ProtocolError)):
@@ -82,10 +84,12 @@ class Dispatcher:
         log.exception("unexpected error processing request code %s", cmd.code)
         return cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
 
-    @staticmethod
-    def _reply(channel: Channel, request: RemotingCommand, response: RemotingCommand) -> None:
+    def _reply(self, channel: Channel, request: RemotingCommand, response: RemotingCommand,
+               started: float | None = None) -> None:
         if not request.is_oneway:
             channel.send(response)
+        if self.request_observer is not None and started is not None:
+            self.request_observer(request.code, response.code, time.perf_counter() - started)
 
     async def drain(self, grace: float) -> None:
         """Wait up to ``grace`` seconds for in-progress requests, then cancel the rest."""

@@ -15,6 +15,7 @@ from halfmq.store import MessageStore, StoreConfig
 from .config import BrokerConfig
 from .context import BrokerContext
 from .dispatch import Dispatcher
+from .metrics import BrokerMetrics
 from .processors.admin import AdminProcessor
 from .processors.client_manage import ClientManageProcessor
 from .processors.end_transaction import EndTransactionProcessor
@@ -51,6 +52,8 @@ class Broker:
         self.namesrv_addr = ""
         self.port = 0
         self.namesrv_port = 0
+        self.metrics_port = 0
+        self.metrics_addr = ""
         self.stopped = asyncio.Event()
         self._stopping = False
 
@@ -76,6 +79,9 @@ class Broker:
         offsets.load()
         ctx = self.ctx = BrokerContext(cfg, self.store, topics, offsets)
         ctx.schedule = ScheduleService(ctx)
+        ctx.metrics = BrokerMetrics(ctx)
+        ctx.metrics.load_pending()
+        self.dispatcher.request_observer = ctx.metrics.request_done
         ctx.transactions = TransactionStates(ctx)
         ctx.check_back = CheckBackService(ctx, ctx.transactions)
 
@@ -115,8 +121,12 @@ class Broker:
             self.servers.append(ns)
             self.namesrv_port = ns.sockets[0].getsockname()[1]
             self.namesrv_addr = f"{self._local_ip()}:{self.namesrv_port}"
+        if cfg.metricsPromExporterPort >= 0:
+            self.metrics_port = ctx.metrics.serve(cfg.bindAddress, cfg.metricsPromExporterPort)
+            self.metrics_addr = f"{self._local_ip()}:{self.metrics_port}"
         log.info("effective configuration: %s", " ".join(f"{k}={v}" for k, v in cfg.as_dict().items()))
-        log.info("halfmq ready: broker %s namesrv %s", self.addr, self.namesrv_addr or "-")
+        log.info("halfmq ready: broker %s namesrv %s metrics %s", self.addr, self.namesrv_addr or "-",
+                 self.metrics_addr or "-")
 
     def _local_ip(self) -> str:
         bind = self.config.bindAddress
@@ -156,6 +166,8 @@ class Broker:
                     await self.ctx.offsets.flush()
                 except Exception:
                     log.exception("could not persist consumer offsets at shutdown")
+            if self.ctx is not None:
+                self.ctx.metrics.close()
             self.connections.close_all()
             self.namesrv_connections.close_all()
             for server in self.servers:

@@ -47,8 +47,11 @@ class EndTransactionProcessor:
             log.info("END_TRANSACTION %s for half %d refused: %s", h.commitOrRollback, h.commitLogOffset,
                      exc.remark)
             raise
-        if outcome.applied and metrics is not None:
-            metrics.half_decided(outcome.state)
+        if metrics is not None:
+            if outcome.applied:
+                metrics.half_decided(outcome.state)
+            else:
+                metrics.repeated_decision(bool(h.fromTransactionCheck))
         return cmd.response(ResponseCode.SUCCESS)
 
     async def resume(self, channel, cmd: RemotingCommand) -> RemotingCommand:

@@ -172,13 +172,17 @@ class CheckBackService:
 
         if attempts or postponed or stale:
             await self.store.write(write)
+        metrics = self.ctx.metrics
         for offset in to_discard:
-            if await self.states.discard(offset, self.max_checks):
+            state = await self.states.discard(offset, self.max_checks)
+            if state is not None:
                 self.discarded += 1
                 log.info("half message at %d discarded after %d checks", offset, self.max_checks)
+                if metrics is not None:
+                    metrics.half_decided(state)
         self.last_pass_seconds = time.perf_counter() - started
-        if self.ctx.metrics is not None:
-            self.ctx.metrics.check_pass(len(attempts), len(postponed), len(to_discard), self.last_pass_seconds)
+        if metrics is not None:
+            metrics.check_pass_done(len(attempts), len(postponed), self.last_pass_seconds)
         return len(due)
 
     @staticmethod

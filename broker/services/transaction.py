@@ -134,14 +134,17 @@ class TransactionStates:
             self.sender_channels.pop(half_offset, None)
         return outcome
 
-    async def discard(self, half_offset: int, max_checks: int) -> bool:
-        """Move a half that used up its checks to TRANS_CHECK_MAX_TIME_TOPIC, where it stays readable."""
+    async def discard(self, half_offset: int, max_checks: int) -> dict | None:
+        """Move a half that used up its checks to TRANS_CHECK_MAX_TIME_TOPIC, where it stays readable.
+
+        Returns the new state, or None when the half was decided (or resumed) meanwhile.
+        """
         store_host = self.ctx.store_host
 
         def write(wctx):
             state = wctx.get_half(half_offset)
             if state is None or state["state"] != PREPARED or state["checks"] < max_checks:
-                return False
+                return None
             rec = decode_record(wctx.read_record(half_offset))
             rec.topic, rec.queue_id, rec.store_host = CHECK_MAX_TIME_TOPIC, 0, store_host
             rec.properties[P.TRANSACTION_CHECK_TIMES] = str(state["checks"])
@@ -151,12 +154,12 @@ class TransactionStates:
             state.update(state=DISCARDED, decided_ts=wctx.now_ms, decided_by="discard",
                          discarded_offset=result.physical_offset)
             wctx.put_half(half_offset, state)
-            return True
+            return state
 
-        done = await self.store.write(write)
-        if done:
+        state = await self.store.write(write)
+        if state is not None:
             self.sender_channels.pop(half_offset, None)
-        return done
+        return state
 
     async def resume(self, half_offset: int) -> int:
         """RESUME_CHECK_HALF_MESSAGE: a discarded (or pending) half gets a fresh set of checks, due now.

@@ -79,7 +79,7 @@ def test_cli_refuses_unknown_key_naming_it():
 def test_cli_starts_logs_effective_config_and_stops_on_sigterm(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "halfmq.broker.cli", "broker", "--bindAddress=127.0.0.1",
                              "--listenPort=0", "--namesrvListenPort=0", f"--storePathRootDir={tmp_path}",
-                             "--mapSize=67108864"],
+                             "--mapSize=67108864", "--metricsPromExporterPort=0"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         seen = []

@@ -1,0 +1,164 @@
+"""Prometheus metrics on the broker's own registry (RocketMQ 5 names where one exists, halfmq_* otherwise).
+
+Counters are bumped on the hot path; values that can be read off the broker's state (connections, lag, store
+size) are computed by a custom collector at scrape time instead of being kept up to date.
+"""
+from __future__ import annotations
+
+import logging
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from halfmq.protocol.codes import RequestCode
+
+log = logging.getLogger(__name__)
+_MS_BUCKETS = (1, 5, 10, 50, 100, 500, 1000, 3000, 10000, 30000)
+_S_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 300)
+
+
+def _code_name(code: int) -> str:
+    try:
+        return RequestCode(code).name
+    except ValueError:
+        return str(code)
+
+
+class BrokerMetrics:
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        self.messages_in = Counter("rocketmq_messages_in", "Messages stored", ["topic"], registry=r)
+        self.messages_out = Counter("rocketmq_messages_out", "Messages delivered by pulls",
+                                    ["topic", "consumer_group"], registry=r)
+        self.throughput_in = Counter("rocketmq_throughput_in", "Body bytes stored", ["topic"], registry=r)
+        self.throughput_out = Counter("rocketmq_throughput_out", "Bytes delivered by pulls",
+                                      ["topic", "consumer_group"], registry=r)
+        self.rpc_latency = Histogram("rocketmq_rpc_latency", "Request processing time, ms",
+                                     ["request_code", "response_code"], buckets=_MS_BUCKETS, registry=r)
+        self.commits = Counter("rocketmq_commit_messages", "Half messages committed", ["topic"], registry=r)
+        self.rollbacks = Counter("rocketmq_rollback_messages", "Half messages rolled back", ["topic"], registry=r)
+        self.finish_latency = Histogram("rocketmq_finish_message_latency",
+                                        "Seconds from storing a half message to its decision", ["topic"],
+                                        buckets=_S_BUCKETS, registry=r)
+        self.checks_sent = Counter("halfmq_check_backs_sent", "CHECK_TRANSACTION_STATE written to a producer",
+                                   registry=r)
+        self.checks_undeliverable = Counter("halfmq_check_backs_undeliverable",
+                                            "Checks due with no live producer of the group", registry=r)
+        self.discarded = Counter("halfmq_half_messages_discarded",
+                                 "Half messages moved to TRANS_CHECK_MAX_TIME_TOPIC", registry=r)
+        self.unexpected = Counter("halfmq_check_backs_unexpected",
+                                  "Check answers for an already decided half message", registry=r)
+        self.conflicts = Counter("halfmq_decision_conflicts", "Conflicting END_TRANSACTION decisions refused",
+                                 ["producer_group"], registry=r)
+        self.check_pass = Histogram("halfmq_check_pass_seconds", "Duration of one check-back scheduler pass",
+                                    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5), registry=r)
+        self.half_open: dict[str, int] = {}
+        r.register(_StateCollector(self))
+        self._http = None
+
+    # --- hooks called by processors and services ---
+    def message_in(self, topic: str, nbytes: int, count: int = 1) -> None:
+        self.messages_in.labels(topic).inc(count)
+        self.throughput_in.labels(topic).inc(nbytes)
+
+    def message_out(self, topic: str, group: str, count: int, nbytes: int) -> None:
+        self.messages_out.labels(topic, group).inc(count)
+        self.throughput_out.labels(topic, group).inc(nbytes)
+
+    def request_done(self, code: int, response_code: int, seconds: float) -> None:
+        self.rpc_latency.labels(_code_name(code), str(response_code)).observe(seconds * 1000)
+
+    def half_prepared(self, topic: str) -> None:
+        self.half_open[topic] = self.half_open.get(topic, 0) + 1
+
+    def half_decided(self, state: dict) -> None:
+        topic = state["topic"]
+        self.half_open[topic] = max(0, self.half_open.get(topic, 0) - 1)
+        if state["state"] == "COMMITTED":
+            self.commits.labels(topic).inc()
+        elif state["state"] == "ROLLED_BACK":
+            self.rollbacks.labels(topic).inc()
+        elif state["state"] == "DISCARDED":
+            self.discarded.inc()
+        if "decided_ts" in state:
+            self.finish_latency.labels(topic).observe(max(0, state["decided_ts"] - state["store_ts"]) / 1000)
+
+    def repeated_decision(self, from_check: bool) -> None:
+        if from_check:
+            self.unexpected.inc()
+
+    def decision_conflict(self, group: str) -> None:
+        self.conflicts.labels(group).inc()
+
+    def check_pass_done(self, sent: int, undeliverable: int, seconds: float) -> None:
+        self.checks_sent.inc(sent)
+        self.checks_undeliverable.inc(undeliverable)
+        self.check_pass.observe(seconds)
+
+    # --- lifecycle ---
+    def load_pending(self) -> None:
+        """Rebuild the open-half gauge from the pending halves (cost: pending only)."""
+        store = self.ctx.store
+        for _due, offset in store.due_halves(2 ** 62, 2 ** 31):
+            state = store.get_half(offset)
+            if state is not None:
+                self.half_open[state["topic"]] = self.half_open.get(state["topic"], 0) + 1
+
+    def serve(self, addr: str, port: int) -> int:
+        """Start the HTTP exporter; returns the bound port."""
+        self._http, _thread = start_http_server(port, addr, registry=self.registry)
+        return self._http.server_address[1]
+
+    def close(self) -> None:
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None
+
+
+class _StateCollector:
+    """Values read off the broker at scrape time."""
+
+    def __init__(self, metrics: BrokerMetrics):
+        self.metrics = metrics
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        ctx = self.metrics.ctx
+        producers = GaugeMetricFamily("rocketmq_producer_connections", "Producer channels by group",
+                                      labels=["producer_group"])
+        for group, channels in list(ctx.producers.groups.items()):
+            producers.add_metric([group], len(channels))
+        yield producers
+        consumers = GaugeMetricFamily("rocketmq_consumer_connections", "Consumer channels by group",
+                                      labels=["consumer_group"])
+        for group, entry in list(ctx.consumers.groups.items()):
+            consumers.add_metric([group], len(entry.channels))
+        yield consumers
+        lag = GaugeMetricFamily("rocketmq_consumer_lag_messages", "Messages not yet consumed by a group",
+                                labels=["topic", "consumer_group"])
+        totals: dict[tuple[str, str], int] = {}
+        for (group, topic, queue_id), offset in list(ctx.offsets.table.items()):
+            behind = max(0, ctx.store.max_offset(topic, queue_id) - offset)
+            totals[(topic, group)] = totals.get((topic, group), 0) + behind
+        for (topic, group), value in totals.items():
+            lag.add_metric([topic, group], value)
+        yield lag
+        half = GaugeMetricFamily("rocketmq_half_messages", "Half messages not yet decided", labels=["topic"])
+        for topic, value in list(self.metrics.half_open.items()):
+            half.add_metric([topic], value)
+        yield half
+        stats = ctx.store.stats()
+        yield GaugeMetricFamily("halfmq_store_size_bytes", "Bytes used in the LMDB map",
+                                value=stats.get("used_bytes", 0))
+        yield GaugeMetricFamily("halfmq_store_map_size_bytes", "LMDB map size (mapSize)",
+                                value=stats.get("map_size", 0))
+        yield GaugeMetricFamily("halfmq_store_last_commit_seconds", "Duration of the last group commit",
+                                value=stats.get("last_commit_seconds", 0.0))
+        yield GaugeMetricFamily("halfmq_store_last_group_size", "Writes in the last group commit",
+                                value=stats.get("last_group_size", 0))
+        yield CounterMetricFamily("halfmq_store_groups", "Group commits", value=stats.get("total_groups", 0))
+        yield CounterMetricFamily("halfmq_store_ops", "Writes committed", value=stats.get("total_ops", 0))
