@@ -11,6 +11,10 @@ from ..services.clients import parse_subscription
 from ..services.long_poll import HeldPull
 
 
+#: Stock clients hold for 15 s (Java) or 20 s (Go); anything longer is capped.
+MAX_SUSPEND_MS = 60_000
+
+
 class PullProcessor:
     def __init__(self, ctx: BrokerContext):
         self.ctx = ctx
@@ -87,7 +91,8 @@ class PullProcessor:
                 if response is not None:
                     channel.send(response)
 
-            ctx.long_poll.hold(HeldPull(topic, queue_id, offset, resume), header.suspendTimeoutMillis / 1000)
+            hold_s = min(header.suspendTimeoutMillis, MAX_SUSPEND_MS) / 1000
+            ctx.long_poll.hold(HeldPull(topic, queue_id, offset, resume), hold_s)
             return None
         return cmd.response(code, remark, {
             "suggestWhichBrokerId": "0", "nextBeginOffset": str(next_offset),

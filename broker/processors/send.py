@@ -159,7 +159,7 @@ class SendProcessor:
     async def send_back(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         header = ConsumerSendMsgBackRequestHeader.from_ext(cmd.ext_fields)
         ctx = self.ctx
-        raw = ctx.store.read_record(header.offset)
+        raw = ctx.store.read_record(header.offset) if header.offset >= 0 else None
         if raw is None:
             raise BrokerError(ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {header.offset}")
         rec = decode_record(raw)
