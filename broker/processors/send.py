@@ -130,6 +130,7 @@ class SendProcessor:
         queue_id = await self._resolve_queue(header, topic)
         outer = decode_properties(header.properties or "")
         outer.pop(P.WAIT, None)
+        outer.pop(P.UNIQ_KEY, None)
         outer[P.CLUSTER] = self.cluster
         host = born_host(channel)
         requests = []
@@ -142,7 +143,8 @@ class SendProcessor:
                 raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
                                   "transactional or delayed messages cannot be sent in a batch")
             props.pop(P.WAIT, None)
-            props.update(outer)
+            for key, value in outer.items():  # batch-level properties never override a message's own
+                props.setdefault(key, value)
             rec = MessageRecord(topic=topic, body=item.body, queue_id=queue_id, flag=item.flag,
                                 sys_flag=header.sysFlag & ~SysFlag.TRANSACTION_MASK,
                                 born_timestamp=header.bornTimestamp, born_host=host, store_host=ctx.store_host,

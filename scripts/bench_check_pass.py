@@ -1,0 +1,104 @@
+"""Cost of one check-back scheduler pass with a long transaction history.
+
+Fills a store with N decided transactions (half record + COMMITTED state, as END_TRANSACTION leaves them) and
+P pending halves that are all due, starts a real broker on it with a real producer connection registered for
+the group, and times one pass of the scheduler (reads the due halves, writes P checks to the producer's socket,
+persists the new check counts).
+
+    python scripts/bench_check_pass.py --decided 1000000 --pending 1000
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from halfmq.broker.cli import new_event_loop  # noqa: E402
+from halfmq.broker.config import build_config  # noqa: E402
+from halfmq.broker.server import Broker  # noqa: E402
+from halfmq.protocol import properties as P  # noqa: E402
+from halfmq.protocol.message import MessageRecord, encode_record  # noqa: E402
+from halfmq.store import MessageStore, PutRequest, StoreConfig  # noqa: E402
+from tests.support.raw import RawClient  # noqa: E402
+
+GROUP = "PG_BENCH"
+BATCH = 5000
+
+
+def half_request(i: int) -> PutRequest:
+    rec = MessageRecord(topic="RMQ_SYS_TRANS_HALF_TOPIC", body=b"x" * 100, born_host="127.0.0.1:1",
+                        properties={P.TRAN_MSG: "true", P.PGROUP: GROUP, P.UNIQ_KEY: f"{i:032X}",
+                                    P.REAL_TOPIC: "BenchTx", P.REAL_QID: "0"})
+    return PutRequest("RMQ_SYS_TRANS_HALF_TOPIC", 0, encode_record(rec))
+
+
+async def fill(root: str, decided: int, pending: int) -> None:
+    store = MessageStore(StoreConfig(root=root, map_size=16 << 30, flush_disk_type="ASYNC_FLUSH"))
+    await store.open()
+    started = time.perf_counter()
+    total = decided + pending
+    for start in range(0, total, BATCH):
+        count = min(BATCH, total - start)
+
+        def write(wctx, start=start, count=count):
+            for i in range(start, start + count):
+                result = wctx.put_message(half_request(i))
+                state = {"state": "COMMITTED" if i < decided else "PREPARED", "group": GROUP, "topic": "BenchTx",
+                         "queue_id": 0, "uniq": f"{i:032X}", "queue_offset": result.queue_offset,
+                         "store_ts": result.store_timestamp, "checks": 0, "due": 0, "client_id": None,
+                         "size": result.size}
+                if i >= decided:
+                    state["due"] = result.store_timestamp
+                    wctx.add_due(state["due"], result.physical_offset)
+                else:
+                    state["decided_ts"] = result.store_timestamp
+                wctx.put_half(result.physical_offset, state)
+
+        await store.write(write)
+    await store.close()
+    print(f"filled {decided} decided + {pending} pending in {time.perf_counter() - started:.1f} s")
+
+
+async def measure(root: str, pending: int) -> float:
+    broker = Broker(build_config({"bindAddress": "127.0.0.1", "listenPort": 0, "namesrvListenPort": -1,
+                                  "metricsPromExporterPort": -1, "storePathRootDir": root, "mapSize": 16 << 30,
+                                  "transactionCheckInterval": 3_600_000, "transactionTimeOut": 3_600_000}))
+    await broker.start()
+    service = broker.ctx.check_back
+    await service.stop()  # time the pass by hand, not from the service's timer
+    producer = await RawClient.connect(broker.addr)
+    await producer.heartbeat("bench-producer", producer_groups=[GROUP])
+    started = time.perf_counter()
+    handled = await service.run_pass()
+    elapsed = time.perf_counter() - started
+    received = 0
+    while received < pending:
+        await asyncio.wait_for(producer.incoming.get(), 30)
+        received += 1
+    producer.close()
+    await broker.stop()
+    print(f"pass handled {handled} due halves, producer received {received} checks")
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--decided", type=int, default=1_000_000)
+    parser.add_argument("--pending", type=int, default=1_000)
+    parser.add_argument("--store", help="reuse (or create) this store folder")
+    args = parser.parse_args()
+    root = args.store or tempfile.mkdtemp(prefix="halfmq-bench-")
+    loop = new_event_loop()
+    if not (Path(root) / "lmdb").exists():
+        loop.run_until_complete(fill(root, args.decided, args.pending))
+    elapsed = loop.run_until_complete(measure(root, args.pending))
+    print(f"SUMMARY check_pass decided={args.decided} pending={args.pending} pass_ms={elapsed * 1000:.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,319 @@
+"""MessageStore: the commit log, consume queues, offsets, topics and transaction tables in one LMDB env.
+
+Writes are coroutines that go through the writer thread (group commit); reads are plain methods on the event
+loop thread, in short read-only transactions. Readers see a queue's new entries only once the group that wrote
+them is durable: the loop-side queue bounds advance in the same hand-off that resolves the writers' futures.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import lmdb
+import msgpack
+
+from .config import StoreConfig
+from .errors import StoreClosedError
+from .keys import (CQ_VALUE, DUE_KEY, QUEUE_KEY, QUEUE_PREFIX, TOPIC_ID, U64, offset_key, parse_offset_key)
+from .writer import Counters, PutRequest, WriteContext, WriterThread, _Op
+
+log = logging.getLogger(__name__)
+_DBS = ("commitlog", "cq", "topic_ids", "offsets", "topics", "halfs", "due", "meta")
+MIN_SCAN = 800
+
+
+@dataclass(frozen=True)
+class StoredEntry:
+    queue_offset: int
+    physical_offset: int
+    size: int
+    tags_code: int
+    store_timestamp: int
+
+
+class MessageStore:
+    def __init__(self, config: StoreConfig):
+        self.config = config
+        self.env: lmdb.Environment | None = None
+        self.dbs: dict = {}
+        self.writer: WriterThread | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.queue_max: dict[tuple[str, int], int] = {}
+        self.topic_ids: dict[str, int] = {}
+        self.listeners: list[Callable[[str, int, int], None]] = []
+        self.closed = True
+
+    # --- lifecycle ---
+    async def open(self) -> None:
+        """Open (creating) the environment and start the writer. Costs one cursor step per queue, no replay."""
+        cfg = self.config
+        path = os.path.join(cfg.root, "lmdb")
+        os.makedirs(path, exist_ok=True)
+        self.env = lmdb.open(path, map_size=cfg.map_size, max_dbs=len(_DBS) + 2, max_readers=1024, sync=False,
+                             metasync=False, readahead=False, lock=True)
+        self.dbs = {name: self.env.open_db(name.encode()) for name in _DBS}
+        counters = self._load_counters()
+        self.queue_max = dict(counters.queue_max)
+        self.topic_ids = dict(counters.topic_ids)
+        self.loop = asyncio.get_running_loop()
+        self.writer = WriterThread(self.env, self.dbs, counters, cfg.flush_disk_type == "SYNC_FLUSH",
+                                   cfg.flush_interval_ms / 1000, cfg.max_group, self._publish)
+        self.writer.start()
+        self.closed = False
+
+    def _load_counters(self) -> Counters:
+        counters = Counters()
+        with self.env.begin() as txn:
+            cur = txn.cursor(db=self.dbs["commitlog"])
+            if cur.last():
+                counters.next_physical = U64.unpack(cur.key())[0] + len(cur.value())
+            for key, value in txn.cursor(db=self.dbs["topic_ids"]):
+                counters.topic_ids[key.decode()] = TOPIC_ID.unpack(value)[0]
+            names = {tid: name for name, tid in counters.topic_ids.items()}
+            cur = txn.cursor(db=self.dbs["cq"])
+            found = cur.first()
+            while found:
+                tid, queue_id, _offset = QUEUE_KEY.unpack(cur.key())
+                # Jump to the first key after this queue, step back once: that is the queue's last entry.
+                if cur.set_range(QUEUE_PREFIX.pack(tid, queue_id + 1) if queue_id < 0xFFFFFFFF
+                                 else QUEUE_PREFIX.pack(tid + 1, 0)):
+                    cur.prev()
+                else:
+                    cur.last()
+                last = QUEUE_KEY.unpack(cur.key())[2]
+                counters.queue_max[(names[tid], queue_id)] = last + 1
+                found = cur.next()
+        return counters
+
+    async def close(self) -> None:
+        """Refuse new writes, let queued ones finish, sync and close."""
+        if self.closed:
+            return
+        self.closed = True
+        self.writer.stop()
+        await asyncio.get_running_loop().run_in_executor(None, self.writer.join)
+        self.env.sync(True)
+        self.env.close()
+
+    # --- writes ---
+    def _submit(self, kind: str, payload) -> asyncio.Future:
+        if self.closed:
+            raise StoreClosedError("the store is closed")
+        fut = self.loop.create_future()
+        self.writer.submit(_Op(kind, payload, self.loop, fut))
+        return fut
+
+    async def put_messages(self, reqs: list[PutRequest]) -> list:
+        """Store records atomically; each gets its physical offset, queue offset and store timestamp."""
+        return await self._submit("put", reqs)
+
+    async def write(self, fn: Callable[[WriteContext], object]):
+        """Run ``fn`` in the writer's transaction, atomically; returns its result or raises its exception."""
+        return await self._submit("fn", fn)
+
+    async def set_consumer_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        await self.write(lambda ctx: ctx.set_consumer_offset(group, topic, queue_id, offset))
+
+    async def put_topic(self, name: str, config: dict) -> None:
+        await self.write(lambda ctx: ctx.put_topic(name, config))
+
+    async def delete_topic(self, name: str) -> None:
+        await self.write(lambda ctx: ctx.delete_topic(name))
+
+    async def put_meta(self, key: str, value) -> None:
+        await self.write(lambda ctx: ctx.put_meta(key, value))
+
+    def _publish(self, ops: list[_Op], grown: dict) -> None:
+        """On the loop thread, after a durable group commit: advance queue bounds, resolve futures, notify."""
+        for key, new_max in grown.items():
+            if new_max > self.queue_max.get(key, 0):
+                self.queue_max[key] = new_max
+        self.topic_ids = self.writer.counters.topic_ids if self.writer else self.topic_ids
+        for op in ops:
+            if op.future.done():
+                continue
+            ok, value = op.outcome
+            if ok:
+                op.future.set_result(value)
+            else:
+                op.future.set_exception(value)
+        for (topic, queue_id), new_max in grown.items():
+            for listener in self.listeners:
+                try:
+                    listener(topic, queue_id, new_max)
+                except Exception:
+                    log.exception("arrival listener failed")
+
+    def add_arrival_listener(self, callback: Callable[[str, int, int], None]) -> None:
+        self.listeners.append(callback)
+
+    # --- reads: messages ---
+    def read_record(self, physical_offset: int) -> bytes | None:
+        with self.env.begin(buffers=False) as txn:
+            return txn.get(U64.pack(physical_offset), db=self.dbs["commitlog"])
+
+    def read_records(self, physical_offsets: list[int]) -> list[bytes]:
+        with self.env.begin() as txn:
+            db = self.dbs["commitlog"]
+            return [txn.get(U64.pack(p), db=db) for p in physical_offsets]
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        return self.queue_max.get((topic, queue_id), 0)
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        return 0  # nothing is deleted yet
+
+    def queue_ids(self, topic: str) -> list[int]:
+        return sorted(q for (t, q) in self.queue_max if t == topic)
+
+    def _entries(self, txn, topic: str, queue_id: int, start: int, limit: int) -> Iterator[StoredEntry]:
+        tid = self.topic_ids.get(topic)
+        end = self.queue_max.get((topic, queue_id), 0)
+        if tid is None or start >= end or limit <= 0:
+            return
+        start = max(start, 0)
+        cur = txn.cursor(db=self.dbs["cq"])
+        if not cur.set_key(QUEUE_KEY.pack(tid, queue_id, start)):
+            return
+        count = 0
+        for key, value in cur:
+            _tid, _qid, offset = QUEUE_KEY.unpack(key)
+            if _tid != tid or _qid != queue_id or offset >= end:
+                return
+            physical, size, tags_code, ts = CQ_VALUE.unpack(value)
+            yield StoredEntry(offset, physical, size, tags_code, ts)
+            count += 1
+            if count >= limit:
+                return
+
+    def get_queue_entries(self, topic: str, queue_id: int, start_offset: int, max_entries: int) -> list[StoredEntry]:
+        with self.env.begin() as txn:
+            return list(self._entries(txn, topic, queue_id, start_offset, max_entries))
+
+    def read_queue(self, topic: str, queue_id: int, start_offset: int, max_entries: int,
+                   tag_codes: set[int] | frozenset[int] | None, max_bytes: int) -> tuple[list[bytes], int]:
+        """Records from ``start_offset`` matching ``tag_codes`` (None = all) and the offset after the last entry
+        scanned. Scans at most max(800, 20 × max_entries) entries."""
+        records: list[bytes] = []
+        next_offset = start_offset
+        total = 0
+        with self.env.begin() as txn:
+            log_db = self.dbs["commitlog"]
+            for entry in self._entries(txn, topic, queue_id, start_offset, max(MIN_SCAN, 20 * max_entries)):
+                if tag_codes is not None and entry.tags_code not in tag_codes:
+                    next_offset = entry.queue_offset + 1
+                    continue
+                if records and total + entry.size > max_bytes:
+                    break
+                raw = txn.get(U64.pack(entry.physical_offset), db=log_db)
+                next_offset = entry.queue_offset + 1
+                if raw is None:
+                    continue
+                records.append(raw)
+                total += entry.size
+                if len(records) >= max_entries:
+                    break
+        return records, next_offset
+
+    def _entry_at(self, txn, tid: int, queue_id: int, offset: int) -> StoredEntry:
+        value = txn.get(QUEUE_KEY.pack(tid, queue_id, offset), db=self.dbs["cq"])
+        physical, size, tags_code, ts = CQ_VALUE.unpack(value)
+        return StoredEntry(offset, physical, size, tags_code, ts)
+
+    def offset_for_timestamp(self, topic: str, queue_id: int, ts_ms: int, boundary: str = "lower") -> int:
+        """lower: first offset stored at or after ``ts_ms`` (max offset if none); upper: last at or before."""
+        tid = self.topic_ids.get(topic)
+        lo, hi = self.min_offset(topic, queue_id), self.max_offset(topic, queue_id)
+        if tid is None or lo >= hi:
+            return 0
+        with self.env.begin() as txn:
+            if boundary == "upper":
+                left, right = lo, hi  # find the first offset with store time > ts, answer the one before it
+                while left < right:
+                    mid = (left + right) // 2
+                    if self._entry_at(txn, tid, queue_id, mid).store_timestamp <= ts_ms:
+                        left = mid + 1
+                    else:
+                        right = mid
+                return max(lo, left - 1)
+            left, right = lo, hi
+            while left < right:
+                mid = (left + right) // 2
+                if self._entry_at(txn, tid, queue_id, mid).store_timestamp < ts_ms:
+                    left = mid + 1
+                else:
+                    right = mid
+            return left
+
+    def earliest_store_time(self, topic: str, queue_id: int) -> int:
+        entries = self.get_queue_entries(topic, queue_id, self.min_offset(topic, queue_id), 1)
+        return entries[0].store_timestamp if entries else 0
+
+    # --- reads: offsets, topics, meta ---
+    def get_consumer_offset(self, group: str, topic: str, queue_id: int) -> int | None:
+        with self.env.begin() as txn:
+            raw = txn.get(offset_key(group, topic, queue_id), db=self.dbs["offsets"])
+        return None if raw is None else U64.unpack(raw)[0]
+
+    def consumer_offsets(self, group: str | None = None) -> Iterator[tuple[str, str, int, int]]:
+        with self.env.begin() as txn:
+            rows = [(*parse_offset_key(k), U64.unpack(v)[0]) for k, v in txn.cursor(db=self.dbs["offsets"])]
+        return iter([r for r in rows if group is None or r[0] == group])
+
+    def get_topic(self, name: str) -> dict | None:
+        with self.env.begin() as txn:
+            raw = txn.get(name.encode(), db=self.dbs["topics"])
+        return None if raw is None else msgpack.unpackb(raw)
+
+    def topics(self) -> dict[str, dict]:
+        with self.env.begin() as txn:
+            return {k.decode(): msgpack.unpackb(v) for k, v in txn.cursor(db=self.dbs["topics"])}
+
+    def get_meta(self, key: str):
+        with self.env.begin() as txn:
+            raw = txn.get(key.encode(), db=self.dbs["meta"])
+        return None if raw is None else msgpack.unpackb(raw)
+
+    # --- reads: transactions ---
+    def get_half(self, half_offset: int) -> dict | None:
+        with self.env.begin() as txn:
+            raw = txn.get(U64.pack(half_offset), db=self.dbs["halfs"])
+        return None if raw is None else msgpack.unpackb(raw)
+
+    def due_halves(self, until_ms: int, limit: int) -> list[tuple[int, int]]:
+        out = []
+        with self.env.begin() as txn:
+            for key in txn.cursor(db=self.dbs["due"]).iternext(keys=True, values=False):
+                due, offset = DUE_KEY.unpack(key)
+                if due > until_ms or len(out) >= limit:
+                    break
+                out.append((due, offset))
+        return out
+
+    def next_due(self) -> tuple[int, int] | None:
+        with self.env.begin() as txn:
+            cur = txn.cursor(db=self.dbs["due"])
+            return DUE_KEY.unpack(cur.key()) if cur.first() else None
+
+    def pending_halves_count(self) -> int:
+        with self.env.begin() as txn:
+            return txn.stat(self.dbs["due"])["entries"]
+
+    def iter_halves(self) -> Iterator[tuple[int, dict]]:
+        with self.env.begin() as txn:
+            rows = [(U64.unpack(k)[0], msgpack.unpackb(v)) for k, v in txn.cursor(db=self.dbs["halfs"])]
+        return iter(rows)
+
+    def stats(self) -> dict:
+        info = self.env.info()
+        stat = self.env.stat()
+        with self.env.begin() as txn:
+            entries = {name: txn.stat(db)["entries"] for name, db in self.dbs.items()}
+        w = self.writer
+        return {"map_size": info["map_size"], "used_bytes": (info["last_pgno"] + 1) * stat["psize"],
+                "entries": entries, "last_group_size": w.last_group_size if w else 0,
+                "last_commit_seconds": w.last_commit_seconds if w else 0.0,
+                "total_groups": w.total_groups if w else 0, "total_ops": w.total_ops if w else 0}

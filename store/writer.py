@@ -1,0 +1,265 @@
+"""The single writer thread: group commit of every write, then one hand-off to the event loop per group.
+
+Operations queue up while a commit is in progress; the writer takes everything queued (up to ``max_group``),
+applies it in ONE LMDB write transaction, commits, syncs when SYNC_FLUSH, and resolves all the waiting futures
+with one ``call_soon_threadsafe``. A function operation runs in a child transaction, so its failure leaves no
+partial write and does not affect the others of its group; a full map aborts the whole group.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import lmdb
+import msgpack
+
+from halfmq.protocol.message import stamp_record
+
+from .errors import StoreFullError
+from .keys import CQ_VALUE, DUE_KEY, QUEUE_KEY, TOPIC_ID, U64, offset_key
+
+log = logging.getLogger(__name__)
+_STOP = object()
+
+
+@dataclass
+class PutRequest:
+    topic: str
+    queue_id: int
+    record: bytearray
+    tags_code: int = 0
+    index: bool = True
+
+
+@dataclass(frozen=True)
+class PutResult:
+    physical_offset: int
+    queue_offset: int
+    store_timestamp: int
+    size: int
+
+
+@dataclass
+class Counters:
+    """The writer's view of where the next record and queue entries go."""
+
+    next_physical: int = 0
+    queue_max: dict[tuple[str, int], int] = field(default_factory=dict)
+    topic_ids: dict[str, int] = field(default_factory=dict)
+
+    def copy(self) -> "Counters":
+        return Counters(self.next_physical, dict(self.queue_max), dict(self.topic_ids))
+
+
+class WriteContext:
+    """The primitives a write operation may use; valid only inside it, on the writer thread."""
+
+    def __init__(self, txn, dbs, counters: Counters, now_ms: int, grown: dict):
+        self.txn = txn
+        self.dbs = dbs
+        self.counters = counters
+        self.now_ms = now_ms
+        self.grown = grown
+
+    def _topic_id(self, topic: str) -> int:
+        tid = self.counters.topic_ids.get(topic)
+        if tid is None:
+            tid = len(self.counters.topic_ids) + 1
+            self.counters.topic_ids[topic] = tid
+            self.txn.put(topic.encode(), TOPIC_ID.pack(tid), db=self.dbs["topic_ids"])
+        return tid
+
+    def put_message(self, req: PutRequest) -> PutResult:
+        counters = self.counters
+        physical = counters.next_physical
+        queue_offset = 0
+        if req.index:
+            key = (req.topic, req.queue_id)
+            queue_offset = counters.queue_max.get(key, 0)
+        record = req.record
+        stamp_record(record, queue_offset, physical, self.now_ms)
+        size = len(record)
+        txn = self.txn
+        txn.put(U64.pack(physical), record, append=True, db=self.dbs["commitlog"])
+        if req.index:
+            tid = self._topic_id(req.topic)
+            txn.put(QUEUE_KEY.pack(tid, req.queue_id, queue_offset),
+                    CQ_VALUE.pack(physical, size, req.tags_code, self.now_ms), db=self.dbs["cq"])
+            counters.queue_max[key] = queue_offset + 1
+            self.grown[key] = queue_offset + 1
+        counters.next_physical = physical + size
+        return PutResult(physical, queue_offset, self.now_ms, size)
+
+    def read_record(self, physical_offset: int) -> bytes | None:
+        return self.txn.get(U64.pack(physical_offset), db=self.dbs["commitlog"])
+
+    def get_half(self, half_offset: int) -> dict | None:
+        raw = self.txn.get(U64.pack(half_offset), db=self.dbs["halfs"])
+        return None if raw is None else msgpack.unpackb(raw)
+
+    def put_half(self, half_offset: int, state: dict) -> None:
+        self.txn.put(U64.pack(half_offset), msgpack.packb(state), db=self.dbs["halfs"])
+
+    def delete_half(self, half_offset: int) -> None:
+        self.txn.delete(U64.pack(half_offset), db=self.dbs["halfs"])
+
+    def add_due(self, due_ms: int, half_offset: int) -> None:
+        self.txn.put(DUE_KEY.pack(max(0, due_ms), half_offset), b"", db=self.dbs["due"])
+
+    def remove_due(self, due_ms: int, half_offset: int) -> None:
+        self.txn.delete(DUE_KEY.pack(max(0, due_ms), half_offset), db=self.dbs["due"])
+
+    def set_consumer_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        self.txn.put(offset_key(group, topic, queue_id), U64.pack(max(0, offset)), db=self.dbs["offsets"])
+
+    def put_topic(self, name: str, config: dict) -> None:
+        self.txn.put(name.encode(), msgpack.packb(config), db=self.dbs["topics"])
+
+    def delete_topic(self, name: str) -> None:
+        self.txn.delete(name.encode(), db=self.dbs["topics"])
+
+    def put_meta(self, key: str, value) -> None:
+        self.txn.put(key.encode(), msgpack.packb(value), db=self.dbs["meta"])
+
+
+@dataclass
+class _Op:
+    kind: str                      # "put" or "fn"
+    payload: Any
+    loop: Any
+    future: Any
+    outcome: tuple | None = None   # (ok, value)
+
+
+class WriterThread(threading.Thread):
+    def __init__(self, env: lmdb.Environment, dbs: dict, counters: Counters, sync_each: bool,
+                 flush_interval_s: float, max_group: int, publish: Callable):
+        super().__init__(name="halfmq-store-writer", daemon=True)
+        self.env = env
+        self.dbs = dbs
+        self.counters = counters
+        self.sync_each = sync_each
+        self.flush_interval_s = flush_interval_s
+        self.max_group = max_group
+        self.publish = publish  # called on the loop thread: publish(ops, grown, counters snapshot, stats)
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.dirty = False
+        self.last_sync = time.monotonic()
+        self.total_groups = 0
+        self.total_ops = 0
+        self.last_group_size = 0
+        self.last_commit_seconds = 0.0
+
+    def submit(self, op: _Op) -> None:
+        self.queue.put(op)
+
+    def stop(self) -> None:
+        self.queue.put(_STOP)
+
+    def run(self) -> None:
+        while True:
+            try:
+                first = self.queue.get(timeout=None if self.sync_each or not self.dirty else self.flush_interval_s)
+            except queue.Empty:
+                self._sync()
+                continue
+            if first is _STOP:
+                break
+            batch = [first]
+            stop = False
+            while len(batch) < self.max_group:
+                try:
+                    op = self.queue.get_nowait()
+                except queue.Empty:
+                    break
+                if op is _STOP:
+                    stop = True
+                    break
+                batch.append(op)
+            self._commit(batch)
+            if stop:
+                break
+        self._sync()
+
+    def _sync(self) -> None:
+        if self.dirty:
+            self.env.sync(True)
+            self.dirty = False
+            self.last_sync = time.monotonic()
+
+    def _commit(self, batch: list[_Op]) -> None:
+        started = time.perf_counter()
+        counters = self.counters.copy()
+        grown: dict[tuple[str, int], int] = {}
+        now_ms = int(time.time() * 1000)
+        try:
+            with self.env.begin(write=True) as txn:
+                for op in batch:
+                    self._apply(op, txn, counters, now_ms, grown)
+            if self.sync_each:
+                self.env.sync(True)
+            else:
+                self.dirty = True
+                if time.monotonic() - self.last_sync >= self.flush_interval_s:
+                    self._sync()
+        except lmdb.MapFullError:
+            log.error("the LMDB map is full: %d writes refused (raise mapSize)", len(batch))
+            error = StoreFullError("the store is full: the LMDB map reached its size limit; raise the mapSize "
+                                   "configuration key (nothing of this write was stored)")
+            for op in batch:
+                op.outcome = (False, error)
+            grown = {}
+            counters = self.counters
+        except Exception as exc:  # an LMDB failure at commit: nothing of the group was stored
+            log.exception("store commit failed")
+            for op in batch:
+                op.outcome = (False, exc)
+            grown = {}
+            counters = self.counters
+        self.counters = counters
+        self.total_groups += 1
+        self.total_ops += len(batch)
+        self.last_group_size = len(batch)
+        self.last_commit_seconds = time.perf_counter() - started
+        self._hand_off(batch, grown)
+
+    def _apply(self, op: _Op, txn, counters: Counters, now_ms: int, grown: dict) -> None:
+        if op.kind == "put":
+            # Validated before queueing: a failure here can only be LMDB's, which aborts the whole group.
+            ctx = WriteContext(txn, self.dbs, counters, now_ms, grown)
+            op.outcome = (True, [ctx.put_message(req) for req in op.payload])
+            return
+        saved = counters.copy()
+        saved_grown = dict(grown)
+        child = self.env.begin(write=True, parent=txn)
+        try:
+            value = op.payload(WriteContext(child, self.dbs, counters, now_ms, grown))
+        except lmdb.MapFullError:
+            child.abort()
+            raise
+        except Exception as exc:
+            child.abort()
+            counters.next_physical = saved.next_physical
+            counters.queue_max = saved.queue_max
+            counters.topic_ids = saved.topic_ids
+            grown.clear()
+            grown.update(saved_grown)
+            op.outcome = (False, exc)
+            return
+        child.commit()
+        op.outcome = (True, value)
+
+    def _hand_off(self, batch: list[_Op], grown: dict) -> None:
+        by_loop: dict[Any, list[_Op]] = {}
+        for op in batch:
+            by_loop.setdefault(op.loop, []).append(op)
+        snapshot = dict(grown)
+        for index, (loop, ops) in enumerate(by_loop.items()):
+            try:
+                loop.call_soon_threadsafe(self.publish, ops, snapshot if index == 0 else {})
+            except RuntimeError:
+                log.warning("event loop closed before %d store results could be delivered", len(ops))
