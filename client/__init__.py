@@ -1,0 +1,15 @@
+"""halfmq's Python client: producers, transactional producers and consumers for RocketMQ 4.x brokers."""
+from .consumer import PullConsumer, PullResult, PullStatus
+from .errors import (BrokerError, ClientError, ConnectionClosedError, IllegalOperationError, MessageIllegalError,
+                     NoPermissionError, RequestTimeoutError, TopicNotExistError)
+from .message import Message, MessageExt, MessageQueue, SendResult, SendStatus
+from .producer import Producer
+from .push import ConsumeFrom, ConsumeStatus, PushConsumer
+from .transaction import (LocalTransactionState, LogCheckListener, TransactionListener, TransactionLog,
+                          TransactionProducer, TransactionSendResult)
+
+__all__ = ["Producer", "TransactionProducer", "TransactionListener", "LocalTransactionState",
+           "TransactionSendResult", "TransactionLog", "LogCheckListener", "PullConsumer", "PullResult", "PullStatus",
+           "PushConsumer", "ConsumeStatus", "ConsumeFrom", "Message", "MessageExt", "MessageQueue", "SendResult",
+           "SendStatus", "ClientError", "BrokerError", "ConnectionClosedError", "RequestTimeoutError",
+           "TopicNotExistError", "NoPermissionError", "MessageIllegalError", "IllegalOperationError"]

@@ -1,0 +1,153 @@
+"""Producer: send, send_oneway and send_batch with retries over the route's queues."""
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+
+from halfmq.protocol import properties as P
+from halfmq.protocol.codes import RequestCode, ResponseCode
+from halfmq.protocol.headers import SendMessageRequestHeaderV2
+from halfmq.protocol.message import BatchItem, UniqKeyGenerator, encode_batch
+from halfmq.protocol.properties import encode_properties
+
+from .errors import ClientError, error_for
+from .instance import ClientInstance
+from .message import Message, MessageQueue, SendResult, SendStatus
+
+log = logging.getLogger(__name__)
+_RETRYABLE = {ResponseCode.TOPIC_NOT_EXIST, ResponseCode.SERVICE_NOT_AVAILABLE, ResponseCode.SYSTEM_ERROR,
+              ResponseCode.NO_PERMISSION, ResponseCode.SYSTEM_BUSY}
+_STATUS = {ResponseCode.SUCCESS: SendStatus.SEND_OK, ResponseCode.FLUSH_DISK_TIMEOUT: SendStatus.FLUSH_DISK_TIMEOUT,
+           ResponseCode.FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,
+           ResponseCode.SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE}
+
+
+class Producer:
+    """An asyncio producer.
+
+    Args:
+        group: producer group.
+        namesrv: name server address(es), "host:port;host:port".
+        retry_times: extra attempts on another queue after a failed send.
+        send_timeout: seconds per attempt.
+        auto_create: fall back to the TBW102 route for topics the name server does not know (the broker then
+            creates them).
+
+    Use as ``async with Producer("PG", "127.0.0.1:9876") as producer: await producer.send(Message(...))``.
+    """
+
+    def __init__(self, group: str, namesrv: str, retry_times: int = 2, send_timeout: float = 3.0,
+                 auto_create: bool = True, client_ip: str = "127.0.0.1"):
+        self.group = group
+        self.retry_times = retry_times
+        self.send_timeout = send_timeout
+        self.auto_create = auto_create
+        self.instance = ClientInstance(namesrv, client_ip, send_timeout)
+        self.instance.producer_groups.add(group)
+        self.uniq = UniqKeyGenerator(client_ip)
+        self._counter = itertools.count()
+        self.started = False
+
+    async def start(self) -> None:
+        self.instance.start()
+        self.started = True
+
+    async def close(self) -> None:
+        if self.started:
+            self.started = False
+            await self.instance.unregister(producer_group=self.group)
+            await self.instance.close()
+
+    async def __aenter__(self) -> "Producer":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def _register(self, addr: str) -> None:
+        if addr not in self.instance.brokers:
+            await self.instance.heartbeat(addr)
+
+    def _header(self, msg: Message, queue: MessageQueue, props: dict[str, str], sys_flag: int = 0,
+                batch: bool = False) -> dict[str, str]:
+        return SendMessageRequestHeaderV2(
+            producerGroup=self.group, topic=queue.topic, defaultTopic="TBW102", defaultTopicQueueNums=4,
+            queueId=queue.queue_id, sysFlag=sys_flag, bornTimestamp=int(time.time() * 1000), flag=msg.flag,
+            properties=encode_properties(props), reconsumeTimes=0, unitMode=False, batch=batch or None,
+        ).to_ext()
+
+    async def send(self, msg: Message, queue: MessageQueue | None = None) -> SendResult:
+        """Send one message and wait until the broker stored it.
+
+        Args:
+            queue: a specific queue; by default the next queue of the route, round robin.
+
+        Raises:
+            BrokerError: the broker refused the message (after retries for retryable codes).
+            ClientError: no attempt reached a broker.
+        """
+        uniq = self.uniq.next()
+        props = msg.wire_properties(uniq)
+        return await self._send(msg, props, queue, uniq)
+
+    async def _send(self, msg: Message, props: dict[str, str], queue: MessageQueue | None, uniq: str,
+                    sys_flag: int = 0, code: int = RequestCode.SEND_MESSAGE_V2, body: bytes | None = None,
+                    batch: bool = False) -> SendResult:
+        last: Exception | None = None
+        for attempt in range(1 + self.retry_times):
+            route = await self.instance.routes.get(msg.topic, self.auto_create)
+            if not route.write_queues:
+                raise ClientError(f"topic {msg.topic} has no writable queue")
+            target = queue or route.write_queues[next(self._counter) % len(route.write_queues)]
+            addr = route.addr_of(target.broker_name)
+            try:
+                await self._register(addr)
+                conn = await self.instance.pool.get(addr)
+                resp = await conn.request(code, self._header(msg, target, props, sys_flag, batch),
+                                          msg.body if body is None else body, self.send_timeout)
+            except ClientError as exc:
+                last = exc
+                log.debug("send attempt %d to %s failed: %s", attempt + 1, addr, exc)
+                continue
+            status = _STATUS.get(resp.code)
+            if status is not None:
+                ext = resp.ext_fields
+                return SendResult(status, uniq, ext.get("msgId", ""),
+                                  MessageQueue(msg.topic, target.broker_name, int(ext.get("queueId", target.queue_id))),
+                                  int(ext.get("queueOffset", -1)), ext.get("transactionId") or None)
+            last = error_for(resp.code, resp.remark)
+            if resp.code not in _RETRYABLE or queue is not None:
+                raise last
+            if resp.code == ResponseCode.TOPIC_NOT_EXIST:
+                self.instance.routes.invalidate(msg.topic)
+        raise last or ClientError("send failed")
+
+    async def send_oneway(self, msg: Message, queue: MessageQueue | None = None) -> None:
+        """Send without waiting for the broker (no result, no retry)."""
+        route = await self.instance.routes.get(msg.topic, self.auto_create)
+        target = queue or route.write_queues[next(self._counter) % len(route.write_queues)]
+        addr = route.addr_of(target.broker_name)
+        await self._register(addr)
+        conn = await self.instance.pool.get(addr)
+        conn.oneway(RequestCode.SEND_MESSAGE_V2, self._header(msg, target, msg.wire_properties(self.uniq.next())),
+                    msg.body)
+
+    async def send_batch(self, msgs: list[Message], queue: MessageQueue | None = None) -> SendResult:
+        """Send messages of one topic atomically to one queue; they get consecutive queue offsets.
+
+        Raises:
+            ValueError: empty batch, several topics, or delayed messages.
+        """
+        if not msgs:
+            raise ValueError("empty batch")
+        if len({m.topic for m in msgs}) != 1 or any(m.delay_level for m in msgs):
+            raise ValueError("a batch holds messages of one topic and without delay")
+        ids = [self.uniq.next() for _ in msgs]
+        body = encode_batch([BatchItem(m.body, encode_properties(m.wire_properties(uid)), m.flag)
+                             for m, uid in zip(msgs, ids, strict=True)])
+        result = await self._send(msgs[0], {P.WAIT: "true"}, queue, ",".join(ids),
+                                  code=RequestCode.SEND_BATCH_MESSAGE, body=body, batch=True)
+        return result
+

@@ -1,0 +1,170 @@
+"""One TCP connection to a broker or name server: requests matched to responses by opaque, out of order.
+
+The broker may also send requests down the same connection (CHECK_TRANSACTION_STATE,
+NOTIFY_CONSUMER_IDS_CHANGED); they are dispatched to handlers registered by code.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from typing import Callable
+
+from halfmq.protocol.codes import FLAG_ONEWAY, LanguageCode
+from halfmq.protocol.command import RemotingCommand, decode_command
+from halfmq.protocol.errors import ProtocolError
+from halfmq.protocol.frame import FrameDecoder
+
+from .errors import ConnectionClosedError, RequestTimeoutError
+
+log = logging.getLogger(__name__)
+RequestHandler = Callable[["Connection", RemotingCommand], None]
+
+
+class Connection(asyncio.Protocol):
+    def __init__(self, addr: str, handlers: dict[int, RequestHandler] | None = None):
+        self.addr = addr
+        self.handlers = handlers if handlers is not None else {}
+        self.decoder = FrameDecoder(64 << 20)
+        self.pending: dict[int, asyncio.Future] = {}
+        self.transport: asyncio.Transport | None = None
+        self.closed = asyncio.Event()
+        self._opaque = itertools.count(1)
+        self._drain_waiter: asyncio.Future | None = None
+
+    @classmethod
+    async def open(cls, addr: str, handlers: dict[int, RequestHandler] | None = None,
+                   timeout: float = 5.0) -> "Connection":
+        host, _, port = addr.rpartition(":")
+        loop = asyncio.get_running_loop()
+        try:
+            _t, conn = await asyncio.wait_for(
+                loop.create_connection(lambda: cls(addr, handlers), host.strip("[]"), int(port)), timeout)
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise ConnectionClosedError(f"cannot connect to {addr}: {exc}") from None
+        return conn
+
+    # --- asyncio.Protocol ---
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self.decoder.feed(data)
+        except ProtocolError as exc:
+            log.error("closing connection to %s: %s", self.addr, exc)
+            self.transport.abort()
+            return
+        for frame in frames:
+            try:
+                cmd = decode_command(frame)
+            except ProtocolError as exc:
+                log.error("closing connection to %s: %s", self.addr, exc)
+                self.transport.abort()
+                return
+            if cmd.is_response:
+                fut = self.pending.pop(cmd.opaque, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(cmd)
+                continue
+            handler = self.handlers.get(cmd.code)
+            if handler is None:
+                log.debug("ignoring broker request %s from %s", cmd.code, self.addr)
+                continue
+            try:
+                handler(self, cmd)
+            except Exception:
+                log.exception("handler for broker request %s failed", cmd.code)
+
+    def connection_lost(self, exc) -> None:
+        self.closed.set()
+        pending, self.pending = self.pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(ConnectionClosedError(f"connection to {self.addr} closed"))
+        if self._drain_waiter is not None and not self._drain_waiter.done():
+            self._drain_waiter.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._drain_waiter = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if self._drain_waiter is not None and not self._drain_waiter.done():
+            self._drain_waiter.set_result(None)
+        self._drain_waiter = None
+
+    # --- API ---
+    @property
+    def is_open(self) -> bool:
+        return self.transport is not None and not self.closed.is_set() and not self.transport.is_closing()
+
+    async def request(self, code: int, ext_fields: dict[str, str] | None = None, body: bytes = b"",
+                      timeout: float = 3.0) -> RemotingCommand:
+        """Send a request and wait for its response.
+
+        Raises:
+            ConnectionClosedError: the connection is closed, or closes before the response.
+            RequestTimeoutError: no response within ``timeout`` seconds.
+        """
+        if not self.is_open:
+            raise ConnectionClosedError(f"connection to {self.addr} is closed")
+        opaque = next(self._opaque) & 0x7FFFFFFF
+        fut = asyncio.get_running_loop().create_future()
+        self.pending[opaque] = fut
+        self.transport.write(RemotingCommand(code, opaque, 0, None, ext_fields, body,
+                                             language=LanguageCode.PYTHON).encode())
+        if self._drain_waiter is not None:
+            await self._drain_waiter
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            raise RequestTimeoutError(f"request {code} to {self.addr} timed out after {timeout} s") from None
+        finally:
+            self.pending.pop(opaque, None)
+
+    def oneway(self, code: int, ext_fields: dict[str, str] | None = None, body: bytes = b"") -> None:
+        """Send a request that gets no response.
+
+        Raises:
+            ConnectionClosedError: the connection is closed.
+        """
+        if not self.is_open:
+            raise ConnectionClosedError(f"connection to {self.addr} is closed")
+        opaque = next(self._opaque) & 0x7FFFFFFF
+        self.transport.write(RemotingCommand(code, opaque, FLAG_ONEWAY, None, ext_fields, body,
+                                             language=LanguageCode.PYTHON).encode())
+
+    async def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+            await self.closed.wait()
+
+
+class ConnectionPool:
+    """One connection per address, reopened when it closed."""
+
+    def __init__(self, handlers: dict[int, RequestHandler] | None = None, connect_timeout: float = 5.0):
+        self.handlers = handlers if handlers is not None else {}
+        self.connect_timeout = connect_timeout
+        self.connections: dict[str, Connection] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def get(self, addr: str) -> Connection:
+        conn = self.connections.get(addr)
+        if conn is not None and conn.is_open:
+            return conn
+        lock = self._locks.setdefault(addr, asyncio.Lock())
+        async with lock:
+            conn = self.connections.get(addr)
+            if conn is None or not conn.is_open:
+                conn = await Connection.open(addr, self.handlers, self.connect_timeout)
+                self.connections[addr] = conn
+            return conn
+
+    def open_connections(self) -> list[Connection]:
+        return [c for c in self.connections.values() if c.is_open]
+
+    async def close(self) -> None:
+        conns, self.connections = list(self.connections.values()), {}
+        for conn in conns:
+            await conn.close()

@@ -1,0 +1,92 @@
+"""Topic routes from the name server, cached and refreshed."""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+from halfmq.protocol.codes import Perm, RequestCode, ResponseCode
+
+from .errors import TopicNotExistError, error_for
+from .message import MessageQueue
+from .remoting import ConnectionPool
+
+DEFAULT_TOPIC = "TBW102"
+
+
+@dataclass(frozen=True)
+class TopicRoute:
+    topic: str
+    write_queues: list[MessageQueue]
+    read_queues: list[MessageQueue]
+    broker_addrs: dict[str, str]  # broker name → master address
+    fetched_at: float
+
+    def addr_of(self, broker_name: str) -> str:
+        return self.broker_addrs[broker_name]
+
+
+def parse_route(topic: str, body: bytes) -> TopicRoute:
+    data = json.loads(body)
+    addrs = {}
+    for broker in data.get("brokerDatas") or []:
+        master = (broker.get("brokerAddrs") or {}).get("0") or (broker.get("brokerAddrs") or {}).get(0)
+        if master:
+            addrs[broker["brokerName"]] = master
+    write, read = [], []
+    for q in data.get("queueDatas") or []:
+        name = q["brokerName"]
+        if name not in addrs:
+            continue
+        if q["perm"] & Perm.WRITE:
+            write += [MessageQueue(topic, name, i) for i in range(q["writeQueueNums"])]
+        if q["perm"] & Perm.READ:
+            read += [MessageQueue(topic, name, i) for i in range(q["readQueueNums"])]
+    return TopicRoute(topic, sorted(write), sorted(read), addrs, time.monotonic())
+
+
+class RouteCache:
+    def __init__(self, pool: ConnectionPool, namesrv: str, ttl: float = 30.0, timeout: float = 3.0):
+        self.pool = pool
+        self.namesrv = [a.strip() for a in namesrv.split(";") if a.strip()]
+        self.ttl = ttl
+        self.timeout = timeout
+        self.routes: dict[str, TopicRoute] = {}
+
+    async def fetch(self, topic: str) -> TopicRoute:
+        """Ask the name server.
+
+        Raises:
+            TopicNotExistError: the name server knows no route for the topic.
+        """
+        last_error: Exception | None = None
+        for addr in self.namesrv:
+            try:
+                conn = await self.pool.get(addr)
+                resp = await conn.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic}, timeout=self.timeout)
+            except Exception as exc:  # try the next name server
+                last_error = exc
+                continue
+            if resp.code == ResponseCode.SUCCESS:
+                route = parse_route(topic, resp.body)
+                self.routes[topic] = route
+                return route
+            raise error_for(resp.code, resp.remark)
+        raise last_error or TopicNotExistError(ResponseCode.TOPIC_NOT_EXIST, "no name server configured")
+
+    async def get(self, topic: str, auto_create: bool = False) -> TopicRoute:
+        route = self.routes.get(topic)
+        if route is not None and time.monotonic() - route.fetched_at < self.ttl:
+            return route
+        try:
+            return await self.fetch(topic)
+        except TopicNotExistError:
+            if not auto_create:
+                raise
+        template = await self.get(DEFAULT_TOPIC)
+        route = TopicRoute(topic, [MessageQueue(topic, q.broker_name, q.queue_id) for q in template.write_queues[:4]],
+                           [], template.broker_addrs, 0.0)  # fetched_at 0: the real route is fetched next time
+        return route
+
+    def invalidate(self, topic: str) -> None:
+        self.routes.pop(topic, None)

@@ -1,0 +1,249 @@
+"""Transactional producer: half message → local transaction → END_TRANSACTION, and answers to check-backs.
+
+Also the pattern applications ask for most: publish a message exactly when their own database transaction
+commits. ``TransactionProducer.transaction`` sends the half message, records its transaction id in the
+application's database inside the application's transaction, commits that transaction, and only then commits the
+message. If the process dies in between, the broker asks back and ``LogCheckListener`` answers from the record.
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Callable, Protocol
+
+from halfmq.protocol import properties as P
+from halfmq.protocol.codes import RequestCode, ResponseCode, SysFlag
+from halfmq.protocol.message import decode_offset_msg_id, decode_record
+
+from .errors import ClientError
+from .message import Message, MessageExt, SendResult, SendStatus
+from .producer import Producer
+from .remoting import Connection
+
+log = logging.getLogger(__name__)
+
+
+class LocalTransactionState(Enum):
+    COMMIT_MESSAGE = 8
+    ROLLBACK_MESSAGE = 12
+    UNKNOW = 0
+
+
+class TransactionListener(Protocol):
+    """Either method may be a plain function (run in an executor) or a coroutine function."""
+
+    def execute_local_transaction(self, msg: Message, arg: Any) -> LocalTransactionState: ...
+
+    def check_local_transaction(self, msg: MessageExt) -> LocalTransactionState: ...
+
+
+@dataclass(frozen=True)
+class TransactionSendResult:
+    send_result: SendResult
+    local_state: LocalTransactionState
+
+    @property
+    def transaction_id(self) -> str:
+        return self.send_result.transaction_id or self.send_result.msg_id
+
+
+async def _call(fn: Callable, *args) -> LocalTransactionState:
+    """Run a listener method; an exception or a non-state answer means UNKNOW."""
+    try:
+        if inspect.iscoroutinefunction(fn):
+            state = await fn(*args)
+        else:
+            state = await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+    except Exception as exc:
+        log.warning("transaction listener %s raised %r: treated as UNKNOW", getattr(fn, "__name__", fn), exc)
+        return LocalTransactionState.UNKNOW
+    return state if isinstance(state, LocalTransactionState) else LocalTransactionState.UNKNOW
+
+
+class TransactionProducer(Producer):
+    """A producer of transactional messages; the broker calls it back for undecided ones.
+
+    Args:
+        group: producer group (the broker checks back with any live member of it).
+        listener: a TransactionListener.
+        namesrv: name server address(es).
+    """
+
+    def __init__(self, group: str, listener, namesrv: str, **kwargs):
+        super().__init__(group, namesrv, **kwargs)
+        self.listener = listener
+        self.instance.handlers[RequestCode.CHECK_TRANSACTION_STATE] = self._on_check
+        self._check_tasks: set[asyncio.Task] = set()
+
+    async def start(self) -> None:
+        """Start and register the group with every broker, so checks can reach this producer at once."""
+        await super().start()
+        for addr in await self._all_brokers():
+            await self.instance.heartbeat(addr)
+
+    async def close(self) -> None:
+        if self._check_tasks:
+            await asyncio.gather(*self._check_tasks, return_exceptions=True)
+        await super().close()
+
+    async def _all_brokers(self) -> list[str]:
+        for addr in self.instance.routes.namesrv:
+            try:
+                conn = await self.instance.pool.get(addr)
+                resp = await conn.request(RequestCode.GET_BROKER_CLUSTER_INFO, timeout=self.send_timeout)
+            except ClientError:
+                continue
+            if resp.code == ResponseCode.SUCCESS:
+                table = json.loads(resp.body).get("brokerAddrTable", {})
+                return [b["brokerAddrs"]["0"] for b in table.values() if "0" in b.get("brokerAddrs", {})]
+        return []
+
+    async def send_half(self, msg: Message) -> SendResult:
+        """Store ``msg`` as a half message (invisible to consumers until committed).
+
+        Raises:
+            ValueError: the message has a delay level (not allowed for transactions).
+            BrokerError: the broker refused it.
+        """
+        if msg.delay_level:
+            raise ValueError("a transactional message cannot have a delay level")
+        uniq = self.uniq.next()
+        props = msg.wire_properties(uniq, {P.TRAN_MSG: "true", P.PGROUP: self.group})
+        return await self._send(msg, props, None, uniq, sys_flag=SysFlag.TRANSACTION_PREPARED_TYPE)
+
+    async def end_transaction(self, result: SendResult, state: LocalTransactionState) -> None:
+        """Tell the broker the outcome of the half message ``result`` (oneway, as stock clients do)."""
+        route = await self.instance.routes.get(result.queue.topic, self.auto_create)
+        conn = await self.instance.pool.get(route.addr_of(result.queue.broker_name))
+        _host, commit_log_offset = decode_offset_msg_id(result.offset_msg_id)
+        conn.oneway(RequestCode.END_TRANSACTION, {
+            "producerGroup": self.group, "tranStateTableOffset": str(result.queue_offset),
+            "commitLogOffset": str(commit_log_offset), "commitOrRollback": str(state.value),
+            "msgId": result.msg_id, "transactionId": result.transaction_id or result.msg_id,
+            "fromTransactionCheck": "false"})
+
+    async def send_message_in_transaction(self, msg: Message, arg: Any = None) -> TransactionSendResult:
+        """Send a half message, run the local transaction, and commit or roll back accordingly.
+
+        A send status other than SEND_OK rolls the half back without running the local transaction.
+        """
+        result = await self.send_half(msg)
+        if result.status is not SendStatus.SEND_OK:
+            state = LocalTransactionState.ROLLBACK_MESSAGE
+        else:
+            state = await _call(self.listener.execute_local_transaction, msg, arg)
+        await self.end_transaction(result, state)
+        return TransactionSendResult(result, state)
+
+    @asynccontextmanager
+    async def transaction(self, msg: Message, db, tx_log: "TransactionLog"):
+        """Publish ``msg`` if and only if the application's database transaction on ``db`` commits.
+
+        ``async with producer.transaction(msg, conn, tx_log) as tx:`` — on entry the half message is stored and
+        its id written to ``tx_log`` inside the open transaction of the DB-API connection ``db``; the block does
+        its own work on ``db``; on a clean exit ``db`` is committed and then the message; on an exception ``db``
+        is rolled back and so is the message. A crash in between is settled by the check-back (LogCheckListener).
+        """
+        result = await self.send_half(msg)
+        if result.status is not SendStatus.SEND_OK:
+            await self.end_transaction(result, LocalTransactionState.ROLLBACK_MESSAGE)
+            raise ClientError(f"the half message was not stored safely: {result.status.name}")
+        try:
+            tx_log.record(db, result.msg_id)
+            yield result
+            db.commit()
+        except BaseException:
+            try:
+                db.rollback()
+            finally:
+                await self.end_transaction(result, LocalTransactionState.ROLLBACK_MESSAGE)
+            raise
+        await self.end_transaction(result, LocalTransactionState.COMMIT_MESSAGE)
+
+    def _on_check(self, conn: Connection, cmd) -> None:
+        task = asyncio.get_running_loop().create_task(self._answer_check(conn, cmd))
+        self._check_tasks.add(task)
+        task.add_done_callback(self._check_tasks.discard)
+
+    async def _answer_check(self, conn: Connection, cmd) -> None:
+        ext = cmd.ext_fields
+        try:
+            msg = decode_record(cmd.body)
+        except Exception as exc:
+            log.error("undecodable CHECK_TRANSACTION_STATE body: %s", exc)
+            return
+        state = await _call(self.listener.check_local_transaction, msg)
+        if not conn.is_open:
+            return
+        conn.oneway(RequestCode.END_TRANSACTION, {
+            "producerGroup": self.group, "tranStateTableOffset": ext.get("tranStateTableOffset", "0"),
+            "commitLogOffset": ext.get("commitLogOffset", "0"), "commitOrRollback": str(state.value),
+            "msgId": ext.get("msgId") or msg.uniq_key or "", "transactionId": ext.get("transactionId", ""),
+            "fromTransactionCheck": "true"})
+
+
+class TransactionLog:
+    """A table in the application's database recording the ids of transactions whose message must be published.
+
+    Args:
+        connect: opens a new DB-API connection (used by the check listener, which runs outside any request).
+        table: table name.
+        paramstyle: the driver's placeholder style, "qmark" (sqlite3) or "format" (psycopg, mysqlclient).
+    """
+
+    def __init__(self, connect: Callable[[], Any], table: str = "halfmq_tx", paramstyle: str = "qmark"):
+        if not table.replace("_", "").isalnum():
+            raise ValueError(f"bad table name {table!r}")
+        self.connect = connect
+        self.table = table
+        self.mark = {"qmark": "?", "format": "%s"}[paramstyle]
+
+    def create_table(self, db) -> None:
+        cur = db.cursor()
+        cur.execute(f"CREATE TABLE IF NOT EXISTS {self.table} "
+                    "(transaction_id VARCHAR(64) PRIMARY KEY, created_ms BIGINT NOT NULL)")
+        db.commit()
+
+    def record(self, db, transaction_id: str) -> None:
+        """Insert inside the caller's open transaction (not committed here)."""
+        db.cursor().execute(f"INSERT INTO {self.table} (transaction_id, created_ms) VALUES ({self.mark}, {self.mark})",
+                            (transaction_id, int(time.time() * 1000)))
+
+    def exists(self, transaction_id: str) -> bool:
+        db = self.connect()
+        try:
+            cur = db.cursor()
+            cur.execute(f"SELECT 1 FROM {self.table} WHERE transaction_id = {self.mark}", (transaction_id,))
+            return cur.fetchone() is not None
+        finally:
+            db.close()
+
+
+class LogCheckListener:
+    """Answers check-backs from a TransactionLog: COMMIT when the id was recorded, ROLLBACK once it has been
+    missing for ``rollback_after_ms`` since the message was born, UNKNOW before that."""
+
+    def __init__(self, tx_log: TransactionLog, rollback_after_ms: int = 60_000):
+        self.tx_log = tx_log
+        self.rollback_after_ms = rollback_after_ms
+
+    def execute_local_transaction(self, msg, arg) -> LocalTransactionState:
+        return LocalTransactionState.UNKNOW
+
+    def check_local_transaction(self, msg: MessageExt) -> LocalTransactionState:
+        transaction_id = msg.properties.get(P.UNIQ_KEY) or msg.properties.get(P.TRANSACTION_ID, "")
+        if self.tx_log.exists(transaction_id):
+            return LocalTransactionState.COMMIT_MESSAGE
+        if time.time() * 1000 - msg.born_timestamp > self.rollback_after_ms:
+            return LocalTransactionState.ROLLBACK_MESSAGE
+        return LocalTransactionState.UNKNOW
+
+
+__all__ = ["TransactionProducer", "TransactionListener", "LocalTransactionState", "TransactionSendResult",
+           "TransactionLog", "LogCheckListener"]

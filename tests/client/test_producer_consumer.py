@@ -1,0 +1,140 @@
+"""Our client against a real broker: produce, pull, push with rebalance, offsets, retries."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from halfmq.client import (ConsumeFrom, ConsumeStatus, Message, MessageQueue, Producer, PullConsumer, PullStatus,
+                           PushConsumer, SendStatus, TopicNotExistError)
+from halfmq.client.push import allocate_average
+
+
+async def test_send_and_pull_round_trip(broker):
+    async with Producer("PG", broker.namesrv_addr) as producer, PullConsumer("CG", broker.namesrv_addr) as consumer:
+        result = await producer.send(Message("CT", b"hello", tags="A", keys="k1", properties={"p": "v"}))
+        assert result.status is SendStatus.SEND_OK and len(result.msg_id) == 32
+        queues = await consumer.fetch_subscribe_queues("CT")
+        assert result.queue in queues
+        pulled = await consumer.pull(result.queue, result.queue_offset)
+        assert pulled.status is PullStatus.FOUND
+        (msg,) = pulled.messages
+        assert (msg.body, msg.tags, msg.keys, msg.properties["p"], msg.msg_id) == (b"hello", "A", "k1", "v",
+                                                                                    result.msg_id)
+        assert msg.offset_msg_id == result.offset_msg_id
+
+
+async def test_round_robin_queues_and_batch(broker):
+    async with Producer("PG", broker.namesrv_addr) as producer, PullConsumer("CG", broker.namesrv_addr) as consumer:
+        results = [await producer.send(Message("RR", f"m{i}")) for i in range(8)]
+        assert len({r.queue.queue_id for r in results}) == 4  # auto-created with the producer's 4 queues
+        batch = await producer.send_batch([Message("RR", f"b{i}", tags="t") for i in range(10)])
+        pulled = await consumer.pull(batch.queue, batch.queue_offset, max_nums=100)
+        assert [m.body for m in pulled.messages] == [f"b{i}".encode() for i in range(10)]
+        assert len({m.msg_id for m in pulled.messages}) == 10
+
+
+async def test_tag_expression_filters_exactly(broker):
+    async with Producer("PG", broker.namesrv_addr) as producer, PullConsumer("CG", broker.namesrv_addr) as consumer:
+        q = MessageQueue("TagT", "broker-a", 0)
+        for tag in ("a", "b", "c", "a"):
+            await producer.send(Message("TagT", tag, tags=tag), queue=q)
+        pulled = await consumer.pull(q, 0, expression="a || c")
+        assert [m.body for m in pulled.messages] == [b"a", b"c", b"a"]
+
+
+async def test_errors_are_raised_with_codes(broker_factory):
+    broker = await broker_factory(autoCreateTopicEnable=False)
+    async with Producer("PG", broker.namesrv_addr, auto_create=False) as producer:
+        with pytest.raises(TopicNotExistError):
+            await producer.send(Message("Missing", b"x"))
+    with pytest.raises(ValueError):
+        Message("T", b"x", properties={"TAGS": "reserved"})
+
+
+async def test_offsets_round_trip(broker):
+    async with PullConsumer("CG", broker.namesrv_addr) as consumer, Producer("PG", broker.namesrv_addr) as producer:
+        r = await producer.send(Message("OT", b"x"))
+        await consumer.update_offset(r.queue, 1)
+        assert await consumer.query_offset(r.queue) == 1
+        assert await consumer.max_offset(r.queue) == 1
+        assert await consumer.search_offset(r.queue, 0) == 0
+
+
+def test_allocate_average_matches_rocketmq():
+    queues = [MessageQueue("T", "b", i) for i in range(8)]
+    shares = [allocate_average(queues, ["c1", "c2", "c3"], c) for c in ("c1", "c2", "c3")]
+    assert [[q.queue_id for q in s] for s in shares] == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    assert allocate_average(queues[:2], ["a", "b", "c"], "c") == []
+    assert allocate_average(queues, ["x"], "y") == []
+
+
+async def test_push_consumers_share_the_queues_and_receive_everything_once(broker):
+    received: dict[str, list[bytes]] = {"one": [], "two": []}
+    total = asyncio.Event()
+
+    def listener(name):
+        async def on_messages(msgs):
+            received[name].extend(m.body for m in msgs)
+            if sum(len(v) for v in received.values()) >= 40:
+                total.set()
+            return ConsumeStatus.SUCCESS
+        return on_messages
+
+    async with Producer("PG", broker.namesrv_addr) as producer:
+        await producer.send(Message("PushT", b"warm-up"))  # creates the topic with 4 queues
+        one = PushConsumer("PCG", broker.namesrv_addr, listener("one"), ConsumeFrom.FIRST_OFFSET)
+        two = PushConsumer("PCG", broker.namesrv_addr, listener("two"), ConsumeFrom.FIRST_OFFSET)
+        for c in (one, two):
+            c.subscribe("PushT")
+            await c.start()
+        await one.rebalance()  # both are members now: settle the split without waiting for the timer
+        await two.rebalance()
+        for i in range(39):
+            await producer.send(Message("PushT", f"m{i}"))
+        await asyncio.wait_for(total.wait(), 20)
+        await one.close()
+        await two.close()
+    everything = received["one"] + received["two"]
+    assert sorted(everything) == sorted([b"warm-up"] + [f"m{i}".encode() for i in range(39)])
+    assert received["one"] and received["two"]
+
+
+async def test_push_consumer_resumes_from_persisted_offsets_and_retries_failures(broker_factory):
+    broker = await broker_factory(messageDelayLevel="10ms 10ms 10ms 10ms 10ms")
+    attempts: dict[bytes, int] = {}
+    done = asyncio.Event()
+
+    def listener(msgs):  # a plain function: runs in an executor
+        for m in msgs:
+            attempts[m.body] = attempts.get(m.body, 0) + 1
+            if m.body == b"flaky" and attempts[m.body] == 1:
+                return ConsumeStatus.RECONSUME_LATER
+        if attempts.get(b"flaky") == 2 and b"steady" in attempts:
+            broker_loop.call_soon_threadsafe(done.set)
+        return ConsumeStatus.SUCCESS
+
+    broker_loop = asyncio.get_running_loop()
+    async with Producer("PG", broker.namesrv_addr) as producer:
+        await producer.send(Message("RetryT", b"flaky"))
+        await producer.send(Message("RetryT", b"steady"))
+        consumer = PushConsumer("RCG", broker.namesrv_addr, listener, ConsumeFrom.FIRST_OFFSET)
+        consumer.subscribe("RetryT")
+        await consumer.start()
+        await asyncio.wait_for(done.wait(), 20)
+        await consumer.close()
+        assert attempts == {b"flaky": 2, b"steady": 1}
+        await producer.send(Message("RetryT", b"later"))
+        seen = asyncio.Event()
+        later: list[bytes] = []
+
+        async def second(msgs):
+            later.extend(m.body for m in msgs)
+            seen.set()
+
+        again = PushConsumer("RCG", broker.namesrv_addr, second, ConsumeFrom.FIRST_OFFSET)
+        again.subscribe("RetryT")
+        await again.start()
+        await asyncio.wait_for(seen.wait(), 20)
+        await again.close()
+        assert later == [b"later"]
