@@ -25,6 +25,9 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 async def run_broker(config) -> None:
     broker = Broker(config)
     await broker.start()
+    # Always printed, whatever logLevel: scripts and supervisors wait for this line.
+    print(f"halfmq ready: broker {broker.addr} namesrv {broker.namesrv_addr or '-'} "
+          f"metrics {broker.metrics_addr or '-'}", flush=True)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -45,6 +48,9 @@ def broker_main(argv: list[str]) -> int:
         return 2
     logging.basicConfig(level=config.logLevel, stream=sys.stdout,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # The store's writer thread must get the GIL promptly when a group is ready: with the default 5 ms switch
+    # interval every acknowledgement could wait that long behind the event loop.
+    sys.setswitchinterval(0.0005)
     loop = new_event_loop()
     try:
         loop.run_until_complete(run_broker(config))

@@ -22,11 +22,25 @@ log = logging.getLogger(__name__)
 Handler = Callable[[Channel, RemotingCommand], object]
 
 
+class Deferred:
+    """A handler's answer that is ready when ``future`` is: ``finish(future.result())`` builds the response.
+
+    The hot path (a send waiting for its group commit) uses it instead of a coroutine, which saves a task per
+    request.
+    """
+
+    __slots__ = ("future", "finish")
+
+    def __init__(self, future: asyncio.Future, finish: Callable[[object], RemotingCommand]):
+        self.future = future
+        self.finish = finish
+
+
 class Dispatcher:
     def __init__(self, name: str):
         self.name = name
         self.handlers: dict[int, Handler] = {}
-        self.tasks: set[asyncio.Task] = set()
+        self.tasks: set[asyncio.Future] = set()
         self.close_listeners: list[Callable[[Channel], None]] = []
         self.request_observer: Callable[[int, int, float], None] | None = None
 
@@ -61,8 +75,26 @@ class Dispatcher:
             task = asyncio.get_running_loop().create_task(self._run(proto, channel, cmd, result, started))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
+        elif isinstance(result, Deferred):
+            proto.request_started()
+            self.tasks.add(result.future)
+            result.future.add_done_callback(
+                lambda fut: self._complete(proto, channel, cmd, result.finish, fut, started))
         elif result is not None:
             self._reply(channel, cmd, result, started)
+
+    def _complete(self, proto, channel: Channel, cmd: RemotingCommand, finish, fut: asyncio.Future,
+                  started: float) -> None:
+        self.tasks.discard(fut)
+        proto.request_finished()
+        if fut.cancelled():
+            response = cmd.response(ResponseCode.SYSTEM_BUSY, "[OVERLOAD] broker is shutting down")
+        else:
+            try:
+                response = finish(fut.result())
+            except Exception as exc:
+                response = self._error_response(cmd, exc)
+        self._reply(channel, cmd, response, started)
 
     async def _run(self, proto, channel: Channel, cmd: RemotingCommand, coro, started: float) -> None:
         try:

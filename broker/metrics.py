@@ -54,20 +54,35 @@ class BrokerMetrics:
         self.check_pass = Histogram("halfmq_check_pass_seconds", "Duration of one check-back scheduler pass",
                                     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5), registry=r)
         self.half_open: dict[str, int] = {}
+        self._in: dict = {}
+        self._out: dict = {}
+        self._rpc: dict = {}
         r.register(_StateCollector(self))
         self._http = None
 
-    # --- hooks called by processors and services ---
+    # --- hooks called by processors and services (hot: labelled children are cached) ---
     def message_in(self, topic: str, nbytes: int, count: int = 1) -> None:
-        self.messages_in.labels(topic).inc(count)
-        self.throughput_in.labels(topic).inc(nbytes)
+        children = self._in.get(topic)
+        if children is None:
+            children = self._in[topic] = (self.messages_in.labels(topic), self.throughput_in.labels(topic))
+        children[0].inc(count)
+        children[1].inc(nbytes)
 
     def message_out(self, topic: str, group: str, count: int, nbytes: int) -> None:
-        self.messages_out.labels(topic, group).inc(count)
-        self.throughput_out.labels(topic, group).inc(nbytes)
+        key = (topic, group)
+        children = self._out.get(key)
+        if children is None:
+            children = self._out[key] = (self.messages_out.labels(topic, group),
+                                         self.throughput_out.labels(topic, group))
+        children[0].inc(count)
+        children[1].inc(nbytes)
 
     def request_done(self, code: int, response_code: int, seconds: float) -> None:
-        self.rpc_latency.labels(_code_name(code), str(response_code)).observe(seconds * 1000)
+        key = (code, response_code)
+        child = self._rpc.get(key)
+        if child is None:
+            child = self._rpc[key] = self.rpc_latency.labels(_code_name(code), str(response_code))
+        child.observe(seconds * 1000)
 
     def half_prepared(self, topic: str) -> None:
         self.half_open[topic] = self.half_open.get(topic, 0) + 1

@@ -125,7 +125,7 @@ class Broker:
             self.metrics_port = ctx.metrics.serve(cfg.bindAddress, cfg.metricsPromExporterPort)
             self.metrics_addr = f"{self._local_ip()}:{self.metrics_port}"
         log.info("effective configuration: %s", " ".join(f"{k}={v}" for k, v in cfg.as_dict().items()))
-        log.info("halfmq ready: broker %s namesrv %s metrics %s", self.addr, self.namesrv_addr or "-",
+        log.info("listening: broker %s namesrv %s metrics %s", self.addr, self.namesrv_addr or "-",
                  self.metrics_addr or "-")
 
     def _local_ip(self) -> str:

@@ -7,7 +7,6 @@ import time
 
 from halfmq.protocol import properties as P
 from halfmq.protocol.codes import RequestCode, ResponseCode
-from halfmq.protocol.headers import SendMessageRequestHeaderV2
 from halfmq.protocol.message import BatchItem, UniqKeyGenerator, encode_batch
 from halfmq.protocol.properties import encode_properties
 
@@ -72,11 +71,13 @@ class Producer:
 
     def _header(self, msg: Message, queue: MessageQueue, props: dict[str, str], sys_flag: int = 0,
                 batch: bool = False) -> dict[str, str]:
-        return SendMessageRequestHeaderV2(
-            producerGroup=self.group, topic=queue.topic, defaultTopic="TBW102", defaultTopicQueueNums=4,
-            queueId=queue.queue_id, sysFlag=sys_flag, bornTimestamp=int(time.time() * 1000), flag=msg.flag,
-            properties=encode_properties(props), reconsumeTimes=0, unitMode=False, batch=batch or None,
-        ).to_ext()
+        # SendMessageRequestHeaderV2's wire keys, built directly: this runs for every message.
+        header = {"a": self.group, "b": queue.topic, "c": "TBW102", "d": "4", "e": str(queue.queue_id),
+                  "f": str(sys_flag), "g": str(int(time.time() * 1000)), "h": str(msg.flag),
+                  "i": encode_properties(props), "j": "0", "k": "false"}
+        if batch:
+            header["m"] = "true"
+        return header
 
     async def send(self, msg: Message, queue: MessageQueue | None = None) -> SendResult:
         """Send one message and wait until the broker stored it.

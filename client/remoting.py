@@ -31,6 +31,7 @@ class Connection(asyncio.Protocol):
         self.closed = asyncio.Event()
         self._opaque = itertools.count(1)
         self._drain_waiter: asyncio.Future | None = None
+        self._pending_writes: list[bytes] | None = None
 
     @classmethod
     async def open(cls, addr: str, handlers: dict[int, RequestHandler] | None = None,
@@ -109,17 +110,18 @@ class Connection(asyncio.Protocol):
         if not self.is_open:
             raise ConnectionClosedError(f"connection to {self.addr} is closed")
         opaque = next(self._opaque) & 0x7FFFFFFF
-        fut = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
         self.pending[opaque] = fut
-        self.transport.write(RemotingCommand(code, opaque, 0, None, ext_fields, body,
-                                             language=LanguageCode.PYTHON).encode())
-        if self._drain_waiter is not None:
-            await self._drain_waiter
+        self._write(RemotingCommand(code, opaque, 0, None, ext_fields, body, language=LanguageCode.PYTHON).encode())
+        # A timer handle is far cheaper than asyncio.wait_for, which creates a task per request on 3.11.
+        timer = loop.call_later(timeout, _expire, fut, code, self.addr, timeout)
         try:
-            return await asyncio.wait_for(fut, timeout)
-        except asyncio.TimeoutError:
-            raise RequestTimeoutError(f"request {code} to {self.addr} timed out after {timeout} s") from None
+            if self._drain_waiter is not None:
+                await self._drain_waiter
+            return await fut
         finally:
+            timer.cancel()
             self.pending.pop(opaque, None)
 
     def oneway(self, code: int, ext_fields: dict[str, str] | None = None, body: bytes = b"") -> None:
@@ -131,13 +133,31 @@ class Connection(asyncio.Protocol):
         if not self.is_open:
             raise ConnectionClosedError(f"connection to {self.addr} is closed")
         opaque = next(self._opaque) & 0x7FFFFFFF
-        self.transport.write(RemotingCommand(code, opaque, FLAG_ONEWAY, None, ext_fields, body,
-                                             language=LanguageCode.PYTHON).encode())
+        self._write(RemotingCommand(code, opaque, FLAG_ONEWAY, None, ext_fields, body,
+                                    language=LanguageCode.PYTHON).encode())
+
+    def _write(self, data: bytes) -> None:
+        """Requests made in one loop iteration leave in one system call."""
+        if self._pending_writes is None:
+            self._pending_writes = [data]
+            asyncio.get_running_loop().call_soon(self._flush)
+        else:
+            self._pending_writes.append(data)
+
+    def _flush(self) -> None:
+        pending, self._pending_writes = self._pending_writes, None
+        if pending and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(b"".join(pending))
 
     async def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
             await self.closed.wait()
+
+
+def _expire(fut: asyncio.Future, code: int, addr: str, timeout: float) -> None:
+    if not fut.done():
+        fut.set_exception(RequestTimeoutError(f"request {code} to {addr} timed out after {timeout} s"))
 
 
 class ConnectionPool:

@@ -9,6 +9,7 @@ from .errors import HeaderError
 from .frame import Frame, encode_frame
 
 _LANG_BY_NAME = {lang.name: int(lang) for lang in LanguageCode}
+_LANG_NAME = {int(lang): lang.name for lang in LanguageCode}
 _BIN_FIXED = struct.Struct(">hBhii")
 _I32 = struct.Struct(">i")
 _I16 = struct.Struct(">h")
@@ -92,7 +93,7 @@ class RemotingCommand:
 def encode_json_header(cmd: RemotingCommand) -> bytes:
     header = {
         "code": cmd.code,
-        "language": LanguageCode(cmd.language).name if cmd.language in _LANG_BY_NAME.values() else "JAVA",
+        "language": _LANG_NAME.get(cmd.language, "JAVA"),
         "version": cmd.version,
         "opaque": cmd.opaque,
         "flag": cmd.flag,
@@ -107,6 +108,8 @@ def encode_json_header(cmd: RemotingCommand) -> bytes:
 
 def _int_field(obj: dict, name: str, default: int | None = None) -> int:
     value = obj.get(name, default)
+    if type(value) is int and -(2 ** 31) <= value < 2 ** 31:
+        return value
     if value is None:
         raise HeaderError(f"header field {name!r} is missing")
     if isinstance(value, bool) or not isinstance(value, (int, str, float)):
@@ -139,11 +142,13 @@ def decode_json_header(data: bytes, body: bytes) -> RemotingCommand:
     if raw_ext is None:
         ext = {}
     elif isinstance(raw_ext, dict):
-        ext = {}
-        for key, value in raw_ext.items():
-            text = _scalar_to_str(value)
-            if text is not None:
-                ext[key] = text
+        ext = raw_ext
+        if not all(type(v) is str for v in raw_ext.values()):
+            ext = {}
+            for key, value in raw_ext.items():
+                text = _scalar_to_str(value)
+                if text is not None:
+                    ext[key] = text
     else:
         raise HeaderError("extFields is not an object")
     return RemotingCommand(

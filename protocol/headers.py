@@ -77,15 +77,21 @@ class Header:
     def from_ext(cls: type[T], ext: dict[str, str], aliases: bool = False) -> T:
         """Decode from extFields. ``aliases`` also accepts the attribute names where a wire key differs."""
         kwargs = {}
+        get = ext.get
         for name, key, kind, required in cls._field_specs():
-            text = ext.get(key)
+            text = get(key)
             if text is None and aliases:
-                text = ext.get(name)
+                text = get(name)
             if text is None:
                 if required:
                     raise HeaderError(f"the custom header field {key!r} ({name}) is required")
                 continue
-            kwargs[name] = _parse(key, kind, text)
+            if kind is str:
+                kwargs[name] = text
+            elif kind is int and text.isdigit() and len(text) < 19:  # the common case, without the checks
+                kwargs[name] = int(text)
+            else:
+                kwargs[name] = _parse(key, kind, text)
         return cls(**kwargs)
 
     def to_ext(self) -> dict[str, str]:
@@ -97,7 +103,7 @@ class Header:
         return out
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class SendMessageRequestHeader(Header):
     """SEND_MESSAGE (10) with the long names."""
 
@@ -117,7 +123,7 @@ class SendMessageRequestHeader(Header):
     brokerName: str | None = opt()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class SendMessageRequestHeaderV2(Header):
     """SEND_MESSAGE_V2 (310) and SEND_BATCH_MESSAGE (320): the same fields under one-letter keys."""
 
@@ -140,7 +146,7 @@ class SendMessageRequestHeaderV2(Header):
         return SendMessageRequestHeader(**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class SendMessageResponseHeader(Header):
     msgId: str = req()
     queueId: int = req()
@@ -150,7 +156,7 @@ class SendMessageResponseHeader(Header):
     TRACE_ON: str | None = opt("true")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class PullMessageRequestHeader(Header):
     consumerGroup: str = req()
     topic: str = req()
@@ -165,7 +171,7 @@ class PullMessageRequestHeader(Header):
     expressionType: str | None = opt()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class PullMessageResponseHeader(Header):
     suggestWhichBrokerId: int = req()
     nextBeginOffset: int = req()
@@ -173,7 +179,7 @@ class PullMessageResponseHeader(Header):
     maxOffset: int = req()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class EndTransactionRequestHeader(Header):
     producerGroup: str = req()
     tranStateTableOffset: int = req()
@@ -184,7 +190,7 @@ class EndTransactionRequestHeader(Header):
     transactionId: str | None = opt()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class CheckTransactionStateRequestHeader(Header):
     tranStateTableOffset: int = req()
     commitLogOffset: int = req()
@@ -195,7 +201,7 @@ class CheckTransactionStateRequestHeader(Header):
     bname: str | None = opt()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class QueryConsumerOffsetRequestHeader(Header):
     consumerGroup: str = req()
     topic: str = req()
@@ -203,7 +209,7 @@ class QueryConsumerOffsetRequestHeader(Header):
     setZeroIfNotFound: bool | None = opt()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class UpdateConsumerOffsetRequestHeader(Header):
     consumerGroup: str = req()
     topic: str = req()
@@ -211,7 +217,7 @@ class UpdateConsumerOffsetRequestHeader(Header):
     commitOffset: int = req()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class QueueRequestHeader(Header):
     """GET_MAX_OFFSET, GET_MIN_OFFSET and GET_EARLIEST_MSG_STORETIME."""
 
@@ -219,7 +225,7 @@ class QueueRequestHeader(Header):
     queueId: int = req()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class SearchOffsetRequestHeader(Header):
     topic: str = req()
     queueId: int = req()
@@ -227,29 +233,29 @@ class SearchOffsetRequestHeader(Header):
     boundaryType: str | None = opt()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class OffsetResponseHeader(Header):
     offset: int = req()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class TimestampResponseHeader(Header):
     timestamp: int = req()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class ViewMessageRequestHeader(Header):
     offset: int = req()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class UnregisterClientRequestHeader(Header):
     clientID: str = req()
     producerGroup: str | None = opt()
     consumerGroup: str | None = opt()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class ConsumerSendMsgBackRequestHeader(Header):
     offset: int = req()
     group: str = req()
@@ -260,21 +266,21 @@ class ConsumerSendMsgBackRequestHeader(Header):
     maxReconsumeTimes: int | None = opt()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class GroupRequestHeader(Header):
     """GET_CONSUMER_LIST_BY_GROUP and NOTIFY_CONSUMER_IDS_CHANGED."""
 
     consumerGroup: str = req()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class TopicRequestHeader(Header):
     """GET_ROUTEINFO_BY_TOPIC, DELETE_TOPIC_IN_BROKER."""
 
     topic: str = req()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class CreateTopicRequestHeader(Header):
     topic: str = req()
     defaultTopic: str = req(default="TBW102")
@@ -286,6 +292,6 @@ class CreateTopicRequestHeader(Header):
     order: bool = req(default=False)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class ResumeCheckHalfMessageRequestHeader(Header):
     msgId: str = req()

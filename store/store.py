@@ -44,6 +44,7 @@ class MessageStore:
         self.queue_max: dict[tuple[str, int], int] = {}
         self.topic_ids: dict[str, int] = {}
         self.listeners: list[Callable[[str, int, int], None]] = []
+        self._outbox: list[_Op] = []
         self.closed = True
 
     # --- lifecycle ---
@@ -93,6 +94,7 @@ class MessageStore:
         if self.closed:
             return
         self.closed = True
+        self._flush_outbox()
         self.writer.stop()
         await asyncio.get_running_loop().run_in_executor(None, self.writer.join)
         self.env.sync(True)
@@ -103,12 +105,24 @@ class MessageStore:
         if self.closed:
             raise StoreClosedError("the store is closed")
         fut = self.loop.create_future()
-        self.writer.submit(_Op(kind, payload, self.loop, fut))
+        # Writes made in one loop iteration reach the writer together: one wake-up, one group.
+        if not self._outbox:
+            self.loop.call_soon(self._flush_outbox)
+        self._outbox.append(_Op(kind, payload, self.loop, fut))
         return fut
+
+    def _flush_outbox(self) -> None:
+        ops, self._outbox = self._outbox, []
+        if ops:
+            self.writer.submit(ops)
 
     async def put_messages(self, reqs: list[PutRequest]) -> list:
         """Store records atomically; each gets its physical offset, queue offset and store timestamp."""
         return await self._submit("put", reqs)
+
+    def submit_messages(self, reqs: list[PutRequest]) -> asyncio.Future:
+        """As put_messages, but returns the future at once (for callers that chain a callback)."""
+        return self._submit("put", reqs)
 
     async def write(self, fn: Callable[[WriteContext], object]):
         """Run ``fn`` in the writer's transaction, atomically; returns its result or raises its exception."""

@@ -154,8 +154,8 @@ class WriterThread(threading.Thread):
         self.last_group_size = 0
         self.last_commit_seconds = 0.0
 
-    def submit(self, op: _Op) -> None:
-        self.queue.put(op)
+    def submit(self, ops: list[_Op]) -> None:
+        self.queue.put(ops)
 
     def stop(self) -> None:
         self.queue.put(_STOP)
@@ -169,17 +169,17 @@ class WriterThread(threading.Thread):
                 continue
             if first is _STOP:
                 break
-            batch = [first]
+            batch = list(first)
             stop = False
             while len(batch) < self.max_group:
                 try:
-                    op = self.queue.get_nowait()
+                    ops = self.queue.get_nowait()
                 except queue.Empty:
                     break
-                if op is _STOP:
+                if ops is _STOP:
                     stop = True
                     break
-                batch.append(op)
+                batch.extend(ops)
             self._commit(batch)
             if stop:
                 break

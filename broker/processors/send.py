@@ -18,6 +18,7 @@ from halfmq.protocol.properties import decode_properties
 from halfmq.store import PutRequest
 
 from ..context import BrokerContext
+from ..dispatch import Deferred
 from ..errors import BrokerError
 from ..topics import DLQ_PREFIX, RETRY_PREFIX, SCHEDULE_TOPIC, SEND_FORBIDDEN, validate_topic_name
 
@@ -54,55 +55,79 @@ class SendProcessor:
                               f"the message body size {len(cmd.body)} is larger than maxMessageSize {self.max_body}")
         return self._send_one(channel, cmd, header)
 
+    def _queue_for(self, config, requested: int) -> int:
+        if not config.writable:
+            raise BrokerError(ResponseCode.NO_PERMISSION, f"the topic[{config.name}] sending message is forbidden")
+        if requested < 0:
+            return random.randrange(config.write_queue_nums)
+        if requested >= config.queue_nums:
+            raise BrokerError(ResponseCode.SYSTEM_ERROR, f"request queueId[{requested}] is illegal, topic "
+                                                         f"{config.name} has {config.queue_nums} queues")
+        return requested
+
     async def _resolve_queue(self, header, topic: str) -> int:
         config = await self.ctx.topics.ensure_for_send(topic, header.defaultTopic, header.defaultTopicQueueNums)
-        if not config.writable:
-            raise BrokerError(ResponseCode.NO_PERMISSION, f"the topic[{topic}] sending message is forbidden")
-        queue_id = header.queueId
-        if queue_id < 0:
-            return random.randrange(config.write_queue_nums)
-        if queue_id >= config.queue_nums:
-            raise BrokerError(ResponseCode.SYSTEM_ERROR,
-                              f"request queueId[{queue_id}] is illegal, topic {topic} has {config.queue_nums} queues")
-        return queue_id
+        return self._queue_for(config, header.queueId)
 
-    async def _send_one(self, channel, cmd: RemotingCommand, header) -> RemotingCommand:
-        ctx = self.ctx
+    def _send_one(self, channel, cmd: RemotingCommand, header):
+        """The common case (known topic, not a retry) is answered by a Deferred on the store's future."""
+        config = self.ctx.topics.get(header.topic)
+        if config is None or header.topic.startswith(RETRY_PREFIX):
+            return self._send_one_slow(channel, cmd, header)
+        return self._store_one(channel, cmd, header, header.topic, self._queue_for(config, header.queueId),
+                               decode_properties(header.properties or ""))
+
+    async def _send_one_slow(self, channel, cmd: RemotingCommand, header) -> RemotingCommand:
         topic = header.topic
         props = decode_properties(header.properties or "")
-        reconsume = header.reconsumeTimes or 0
         if topic.startswith(RETRY_PREFIX):
             max_times = header.maxReconsumeTimes
             if max_times is None or max_times < 0 or cmd.version < 121:
                 max_times = DEFAULT_MAX_RECONSUME_TIMES
-            if reconsume >= max_times:
+            if (header.reconsumeTimes or 0) >= max_times:
                 topic = DLQ_PREFIX + topic[len(RETRY_PREFIX):]
                 props.pop(P.DELAY, None)
         queue_id = await self._resolve_queue(header, topic)
+        result = self._store_one(channel, cmd, header, topic, queue_id, props)
+        if isinstance(result, Deferred):
+            return result.finish(await result.future)
+        return await result
+
+    def _store_one(self, channel, cmd: RemotingCommand, header, topic: str, queue_id: int, props: dict):
+        ctx = self.ctx
         props.pop(P.WAIT, None)
         props[P.CLUSTER] = self.cluster
         rec = MessageRecord(topic=topic, body=cmd.body, queue_id=queue_id, flag=header.flag,
                             sys_flag=header.sysFlag, born_timestamp=header.bornTimestamp,
-                            born_host=born_host(channel), store_host=ctx.store_host, reconsume_times=reconsume,
-                            properties=props)
+                            born_host=born_host(channel), store_host=ctx.store_host,
+                            reconsume_times=header.reconsumeTimes or 0, properties=props)
         if props.get(P.TRAN_MSG) == "true":
             if ctx.config.rejectTransactionMessage:
                 raise BrokerError(ResponseCode.NO_PERMISSION,
                                   "the broker rejects transaction messages (rejectTransactionMessage=true)")
             if _delay_level(props) > 0:
                 raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "a transaction message cannot have a delay level")
-            result, transaction_id = await ctx.transactions.prepare(rec, header.producerGroup, channel)
-            return cmd.response(ResponseCode.SUCCESS, ext_fields={
-                "msgId": create_offset_msg_id(ctx.store_host, result.physical_offset),
-                "queueId": str(queue_id), "queueOffset": str(result.queue_offset),
-                "transactionId": transaction_id, **_EXTRA})
+            return self._send_half(cmd, rec, header.producerGroup, channel, queue_id)
         request = self.delayed_or_plain(rec)
-        (result,) = await ctx.store.put_messages([request])
-        if ctx.metrics is not None:
-            ctx.metrics.message_in(topic, len(cmd.body))
+        size = len(cmd.body)
+
+        def finish(results) -> RemotingCommand:
+            if ctx.metrics is not None:
+                ctx.metrics.message_in(topic, size)
+            return cmd.response(ResponseCode.SUCCESS, ext_fields={
+                "msgId": create_offset_msg_id(ctx.store_host, results[0].physical_offset),
+                "queueId": str(queue_id), "queueOffset": str(results[0].queue_offset), **_EXTRA})
+
+        return Deferred(ctx.store.submit_messages([request]), finish)
+
+    async def _send_half(self, cmd: RemotingCommand, rec: MessageRecord, group: str, channel,
+                         queue_id: int) -> RemotingCommand:
+        ctx = self.ctx
+        result, transaction_id = await ctx.transactions.prepare(rec, group, channel)
         return cmd.response(ResponseCode.SUCCESS, ext_fields={
             "msgId": create_offset_msg_id(ctx.store_host, result.physical_offset),
-            "queueId": str(queue_id), "queueOffset": str(result.queue_offset), **_EXTRA})
+            "queueId": str(queue_id), "queueOffset": str(result.queue_offset),
+            "transactionId": transaction_id, **_EXTRA})
 
     def delayed_or_plain(self, rec: MessageRecord) -> PutRequest:
         """The PutRequest storing ``rec``: to the schedule topic when it has a delay level (reference §6.4)."""

@@ -1,0 +1,296 @@
+"""halfmq benchmark: producer, consumer and transactional producer, modelled on RocketMQ's benchmarks.
+
+    python scripts/bench.py producer    --spawn-broker --size 1024 --inflight 64 --duration 10
+    python scripts/bench.py consumer    --spawn-broker --messages 300000
+    python scripts/bench.py transaction --spawn-broker --unknown 0.1 --rollback 0.1 --check-timeout 1000
+    python scripts/bench.py compare     --spawn-broker   # plain vs transactional sends, same run
+
+Prints TPS and RT p50/p99/max every few seconds and a SUMMARY line at the end. With --spawn-broker a broker
+is started in a subprocess on free ports over a temporary store (SYNC_FLUSH unless --async-flush).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import re
+import signal
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from halfmq.broker.cli import new_event_loop  # noqa: E402
+from halfmq.client import (LocalTransactionState, Message, MessageQueue, Producer, PullConsumer,  # noqa: E402
+                           TransactionProducer)
+
+READY = re.compile(rb"halfmq ready: broker (\S+) namesrv (\S+) metrics (\S+)")
+S = LocalTransactionState
+
+
+def percentile(values: list[float], p: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
+
+
+@dataclass
+class Stats:
+    name: str
+    latencies: list[float] = field(default_factory=list)
+    window: list[float] = field(default_factory=list)
+    count: int = 0
+    errors: int = 0
+    started: float = field(default_factory=time.perf_counter)
+
+    def record(self, seconds: float) -> None:
+        self.count += 1
+        self.latencies.append(seconds)
+        self.window.append(seconds)
+
+    def report(self, interval: float) -> None:
+        w, self.window = self.window, []
+        print(f"[{self.name}] tps={len(w) / interval:,.0f} p50_ms={percentile(w, 50) * 1000:.2f} "
+              f"p99_ms={percentile(w, 99) * 1000:.2f} max_ms={max(w, default=0) * 1000:.2f} errors={self.errors}",
+              flush=True)
+
+    def summary(self, **extra) -> float:
+        elapsed = time.perf_counter() - self.started
+        tps = self.count / elapsed
+        fields = " ".join(f"{k}={v}" for k, v in extra.items())
+        print(f"SUMMARY mode={self.name} tps={tps:,.0f} count={self.count} errors={self.errors} "
+              f"p50_ms={percentile(self.latencies, 50) * 1000:.2f} p99_ms={percentile(self.latencies, 99) * 1000:.2f} "
+              f"max_ms={max(self.latencies, default=0) * 1000:.2f} {fields}".rstrip(), flush=True)
+        return tps
+
+
+async def reporter(stats: Stats, stop: asyncio.Event, every: float = 3.0) -> None:
+    while not stop.is_set():
+        try:
+            await asyncio.wait_for(stop.wait(), every)
+        except asyncio.TimeoutError:
+            stats.report(every)
+
+
+async def spawn_broker(args) -> tuple[asyncio.subprocess.Process, str, str]:
+    store = tempfile.mkdtemp(prefix="halfmq-bench-")
+    cmd = [sys.executable, "-m", "halfmq.broker.cli", "broker", "--bindAddress=127.0.0.1", "--listenPort=0",
+           "--namesrvListenPort=0", "--metricsPromExporterPort=0", f"--storePathRootDir={store}",
+           f"--flushDiskType={'ASYNC_FLUSH' if args.async_flush else 'SYNC_FLUSH'}", "--logLevel=WARNING",
+           f"--transactionTimeOut={args.check_timeout}", f"--transactionCheckInterval={args.check_interval}"]
+    proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    try:
+        while True:
+            line = await asyncio.wait_for(proc.stdout.readline(), 30)
+            if not line:
+                raise SystemExit("the broker exited before it was ready")
+            match = READY.search(line)
+            if match:
+                return proc, match.group(2).decode(), match.group(3).decode()
+    except BaseException:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        raise
+
+
+async def timed_loop(inflight: int, duration: float, op, stats: Stats) -> None:
+    deadline = time.perf_counter() + duration
+
+    async def worker():
+        while time.perf_counter() < deadline:
+            t0 = time.perf_counter()
+            try:
+                await op()
+            except Exception as exc:  # noqa: BLE001 - counted and reported
+                stats.errors += 1
+                if stats.errors < 5:
+                    print(f"error: {exc!r}", flush=True)
+                continue
+            stats.record(time.perf_counter() - t0)
+
+    stop = asyncio.Event()
+    rep = asyncio.get_running_loop().create_task(reporter(stats, stop))
+    await asyncio.gather(*(worker() for _ in range(inflight)))
+    stop.set()
+    await rep
+
+
+async def run_producer(args, namesrv: str, topic: str | None = None) -> float:
+    body = os.urandom(args.size)
+    async with Producer("BENCH_PG", namesrv) as producer:
+        await producer.send(Message(topic or args.topic, body))  # creates the topic
+        stats = Stats("producer")
+        await timed_loop(args.inflight, args.duration, lambda: producer.send(Message(topic or args.topic, body)), stats)
+        return stats.summary(size=args.size, inflight=args.inflight)
+
+
+async def run_consumer(args, namesrv: str) -> float:
+    body = os.urandom(args.size)
+    topic = f"{args.topic}Drain"
+    async with Producer("BENCH_PG", namesrv) as producer:
+        await producer.send(Message(topic, body))
+        queues = sorted({(await producer.send(Message(topic, body))).queue for _ in range(8)})
+        sent = 2
+        t0 = time.perf_counter()
+        per_batch = max(1, min(256, (1 << 20) // (args.size + 200)))
+
+        async def fill(queue: MessageQueue, count: int):
+            for start in range(0, count, per_batch):
+                await producer.send_batch([Message(topic, body)] * min(per_batch, count - start), queue)
+
+        share = (args.messages - sent) // len(queues)
+        await asyncio.gather(*(fill(q, share) for q in queues))
+        print(f"filled {share * len(queues) + sent:,} messages in {time.perf_counter() - t0:.1f} s", flush=True)
+    async with PullConsumer("BENCH_CG", namesrv) as consumer:
+        queues = await consumer.fetch_subscribe_queues(topic)
+        stats = Stats("consumer")
+        stats.started = time.perf_counter()
+        total = 0
+
+        async def drain(queue: MessageQueue):
+            nonlocal total
+            offset = 0
+            end = await consumer.max_offset(queue)
+            while offset < end:
+                t0 = time.perf_counter()
+                result = await consumer.pull(queue, offset, max_nums=args.pull_batch)
+                stats.latencies.append(time.perf_counter() - t0)
+                total += len(result.messages)
+                stats.count += len(result.messages)
+                offset = result.next_begin_offset
+
+        await asyncio.gather(*(drain(q) for q in queues))
+        return stats.summary(size=args.size, messages=total, pull_batch=args.pull_batch)
+
+
+class BenchListener:
+    """Local decisions and check answers drawn at the configured rates; counts checks by kind."""
+
+    def __init__(self, args):
+        self.args = args
+        self.local: dict[str, S] = {}
+        self.unknown_at: dict[str, float] = {}
+        self.decided_by_check: set[str] = set()
+        self.checks = 0
+        self.unexpected = 0
+        self.duplicated = 0
+        self.resolve_times: list[float] = []
+
+    async def execute_local_transaction(self, msg, arg):
+        r = random.random()
+        state = (S.ROLLBACK_MESSAGE if r < self.args.rollback else
+                 S.UNKNOW if r < self.args.rollback + self.args.unknown else S.COMMIT_MESSAGE)
+        self.local[msg.keys] = state
+        if state is S.UNKNOW:
+            self.unknown_at[msg.keys] = time.perf_counter()
+        return state
+
+    async def check_local_transaction(self, msg):
+        key = msg.keys
+        self.checks += 1
+        if self.local.get(key, S.UNKNOW) is not S.UNKNOW:
+            self.unexpected += 1  # the broker asked about a message the producer already decided
+        if key in self.decided_by_check:
+            self.duplicated += 1  # asked again after a check already decided it
+        r = random.random()
+        answer = (S.UNKNOW if r < self.args.check_unknown else
+                  S.ROLLBACK_MESSAGE if r < self.args.check_unknown + self.args.check_rollback else S.COMMIT_MESSAGE)
+        if answer is not S.UNKNOW:
+            self.decided_by_check.add(key)
+            if key in self.unknown_at:
+                self.resolve_times.append(time.perf_counter() - self.unknown_at[key])
+        return answer
+
+
+def scrape_pending(metrics_addr: str | None) -> str:
+    if not metrics_addr:
+        return "?"
+    text = urllib.request.urlopen(f"http://{metrics_addr}/metrics", timeout=5).read().decode()
+    return str(int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                       if line.startswith("rocketmq_half_messages{"))))
+
+
+async def run_transaction(args, namesrv: str, metrics_addr: str | None, name: str = "transaction") -> float:
+    body = os.urandom(args.size)
+    listener = BenchListener(args)
+    counter = iter(range(1 << 62))
+    async with TransactionProducer("BENCH_TX_PG", listener, namesrv) as producer:
+        await producer.send(Message(args.topic + "Tx", body))
+        stats = Stats(name)
+        await timed_loop(args.inflight, args.duration,
+                         lambda: producer.send_message_in_transaction(
+                             Message(args.topic + "Tx", body, keys=f"k{next(counter)}")), stats)
+        unknown = len(listener.unknown_at)
+        if unknown:  # let the outstanding checks arrive: they are part of the measurement
+            deadline = time.perf_counter() + args.check_timeout / 1000 + 5
+            while len(listener.resolve_times) < unknown * (1 - args.check_unknown) * 0.99 \
+                    and time.perf_counter() < deadline:
+                await asyncio.sleep(0.1)  # a benchmark waiting out its tail, not test synchronisation
+        times = listener.resolve_times
+        return stats.summary(size=args.size, inflight=args.inflight, checks=listener.checks,
+                             unexpected_checks=listener.unexpected, duplicated_checks=listener.duplicated,
+                             unknown=unknown, resolved=len(times),
+                             unknown_to_decision_p50_ms=f"{percentile(times, 50) * 1000:.0f}",
+                             unknown_to_decision_p99_ms=f"{percentile(times, 99) * 1000:.0f}",
+                             pending_halves=scrape_pending(metrics_addr))
+
+
+async def main_async(args) -> None:
+    proc = None
+    metrics_addr = None
+    namesrv = args.namesrv
+    if args.spawn_broker:
+        proc, namesrv, metrics_addr = await spawn_broker(args)
+    try:
+        if args.mode == "producer":
+            await run_producer(args, namesrv)
+        elif args.mode == "consumer":
+            await run_consumer(args, namesrv)
+        elif args.mode == "transaction":
+            await run_transaction(args, namesrv, metrics_addr)
+        else:
+            plain = await run_producer(args, namesrv, args.topic + "Plain")
+            args.unknown = args.rollback = 0.0
+            tx = await run_transaction(args, namesrv, metrics_addr, "transaction-commit")
+            print(f"SUMMARY mode=compare plain_tps={plain:,.0f} transactional_tps={tx:,.0f} ratio={tx / plain:.2f}")
+    finally:
+        if proc is not None:
+            proc.send_signal(signal.SIGTERM)
+            await proc.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("mode", choices=["producer", "consumer", "transaction", "compare"])
+    parser.add_argument("--namesrv", default="127.0.0.1:9876")
+    parser.add_argument("--spawn-broker", action="store_true")
+    parser.add_argument("--async-flush", action="store_true")
+    parser.add_argument("--topic", default="BenchTopic")
+    parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument("--inflight", type=int, default=64)
+    parser.add_argument("--duration", type=float, default=10.0)
+    parser.add_argument("--messages", type=int, default=300_000, help="consumer mode: messages to drain")
+    parser.add_argument("--pull-batch", type=int, default=1000)
+    parser.add_argument("--rollback", type=float, default=0.0, help="share of local ROLLBACK")
+    parser.add_argument("--unknown", type=float, default=0.1, help="share of local UNKNOW")
+    parser.add_argument("--check-rollback", type=float, default=0.5, help="share of check answers ROLLBACK")
+    parser.add_argument("--check-unknown", type=float, default=0.0, help="share of check answers UNKNOW")
+    parser.add_argument("--check-timeout", type=int, default=1000, help="broker transactionTimeOut, ms")
+    parser.add_argument("--check-interval", type=int, default=30_000, help="broker transactionCheckInterval, ms")
+    args = parser.parse_args()
+    loop = new_event_loop()
+    try:
+        loop.run_until_complete(main_async(args))
+    finally:
+        loop.close()
+
+
+if __name__ == "__main__":
+    main()
