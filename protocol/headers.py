@@ -152,8 +152,8 @@ class SendMessageResponseHeader(Header):
     queueId: int = req()
     queueOffset: int = req()
     transactionId: str | None = opt()
-    MSG_REGION: str | None = opt("DefaultRegion")
-    TRACE_ON: str | None = opt("true")
+    MSG_REGION: str | None = opt()
+    TRACE_ON: str | None = opt()
 
 
 @dataclass(slots=True, kw_only=True)
