@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from halfmq.protocol import headers as H
-from halfmq.protocol.codes import SerializeType, SysFlag
+from halfmq.protocol.codes import SerializeType
 from halfmq.protocol.command import RemotingCommand, decode_command
 from halfmq.protocol.errors import FrameError, HeaderError, MessageFormatError, ProtocolError
 from halfmq.protocol.frame import FrameDecoder, encode_frame
