@@ -1,4 +1,5 @@
 """halfmq's Python client: producers, transactional producers and consumers for RocketMQ 4.x brokers."""
+from .blocking import BlockingProducer, BlockingPullConsumer
 from .consumer import PullConsumer, PullResult, PullStatus
 from .errors import (BrokerError, ClientError, ConnectionClosedError, IllegalOperationError, MessageIllegalError,
                      NoPermissionError, RequestTimeoutError, TopicNotExistError)
@@ -8,7 +9,7 @@ from .push import ConsumeFrom, ConsumeStatus, PushConsumer
 from .transaction import (LocalTransactionState, LogCheckListener, TransactionListener, TransactionLog,
                           TransactionProducer, TransactionSendResult)
 
-__all__ = ["Producer", "TransactionProducer", "TransactionListener", "LocalTransactionState",
+__all__ = ["BlockingProducer", "BlockingPullConsumer", "Producer", "TransactionProducer", "TransactionListener", "LocalTransactionState",
            "TransactionSendResult", "TransactionLog", "LogCheckListener", "PullConsumer", "PullResult", "PullStatus",
            "PushConsumer", "ConsumeStatus", "ConsumeFrom", "Message", "MessageExt", "MessageQueue", "SendResult",
            "SendStatus", "ClientError", "BrokerError", "ConnectionClosedError", "RequestTimeoutError",

@@ -12,16 +12,14 @@ import struct
 import threading
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-from halfmq.broker.server import Broker
 from halfmq.protocol.codes import RequestCode, ResponseCode
 from halfmq.protocol.command import RemotingCommand, decode_command
 from halfmq.protocol.frame import FrameDecoder, encode_frame
 from halfmq.protocol.message import decode_records
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from tests.conftest import broker_config
+from tests.support.broker_thread import BrokerThread
 from tests.support.raw import RawClient
 
 MAX_FRAME = 64 * 1024
@@ -69,26 +67,6 @@ raw_frames = st.one_of(
 hostile_frame = st.one_of(json_frames(), json_frames(), binary_frames(), raw_frames)
 
 
-class BrokerThread:
-    """A broker on its own event loop thread, so hypothesis can drive plain sockets from the test thread."""
-
-    def __init__(self, store_dir):
-        self.loop = asyncio.new_event_loop()
-        self.broker = Broker(broker_config(store_dir, serverMaxFrameSize=MAX_FRAME, serverChannelMaxIdleTimeSeconds=0))
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.call(self.broker.start())
-
-    def call(self, coro, timeout=30):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def stop(self):
-        self.call(self.broker.stop())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
-
-
 class WellBehavedClient(threading.Thread):
     """Sends and pulls in a loop on its own connection until stopped; records every failure."""
 
@@ -124,7 +102,8 @@ class WellBehavedClient(threading.Thread):
 
 @pytest.fixture(scope="module")
 def live_broker(tmp_path_factory):
-    bt = BrokerThread(tmp_path_factory.mktemp("hostile"))
+    bt = BrokerThread(tmp_path_factory.mktemp("hostile"), serverMaxFrameSize=MAX_FRAME,
+                      serverChannelMaxIdleTimeSeconds=0)
     good = WellBehavedClient(bt.broker.addr)
     good.start()
     yield bt, good

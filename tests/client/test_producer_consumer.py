@@ -4,10 +4,23 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
-from halfmq.client import (ConsumeFrom, ConsumeStatus, Message, MessageQueue, Producer, PullConsumer, PullStatus,
-                           PushConsumer, SendStatus, TopicNotExistError)
+from halfmq.client import (
+    BlockingProducer,
+    BlockingPullConsumer,
+    ConsumeFrom,
+    ConsumeStatus,
+    Message,
+    MessageQueue,
+    Producer,
+    PullConsumer,
+    PullStatus,
+    PushConsumer,
+    SendStatus,
+    TopicNotExistError,
+)
 from halfmq.client.push import allocate_average
+
+from tests.support.broker_thread import BrokerThread
 
 
 async def test_send_and_pull_round_trip(broker):
@@ -138,3 +151,18 @@ async def test_push_consumer_resumes_from_persisted_offsets_and_retries_failures
         await asyncio.wait_for(seen.wait(), 20)
         await again.close()
         assert later == [b"later"]
+
+
+def test_blocking_facade(tmp_path):
+    """Synchronous code: the broker runs in its own thread here, so nothing below needs an event loop."""
+    bt = BrokerThread(tmp_path)
+    try:
+        with BlockingProducer("PG", bt.broker.namesrv_addr) as producer, \
+                BlockingPullConsumer("CG", bt.broker.namesrv_addr) as consumer:
+            result = producer.send(Message("Sync", b"blocking"))
+            pulled = consumer.pull(result.queue, result.queue_offset)
+            assert [m.body for m in pulled.messages] == [b"blocking"]
+            consumer.update_offset(result.queue, 1)
+            assert consumer.query_offset(result.queue) == 1
+    finally:
+        bt.stop()

@@ -6,6 +6,7 @@ import sqlite3
 
 import pytest
 
+from halfmq.protocol.codes import RequestCode
 from halfmq.client import (LocalTransactionState, LogCheckListener, Message, PullConsumer, TransactionLog,
                            TransactionProducer)
 
@@ -26,6 +27,15 @@ class Listener:
     async def check_local_transaction(self, msg):
         await self.checks.put(msg)
         return self.check.get(msg.keys, S.UNKNOW)
+
+
+async def barrier(producer, broker) -> None:
+    """Returns once everything the producer sent before is durable: a two-way write on the same connection is
+    processed, committed and answered after the producer's earlier (oneway) END_TRANSACTIONs."""
+    conn = await producer.instance.pool.get(broker.ctx.broker_addr)
+    resp = await conn.request(RequestCode.UPDATE_CONSUMER_OFFSET,
+                              {"consumerGroup": "BARRIER", "topic": "BARRIER", "queueId": "0", "commitOffset": "0"})
+    assert resp.code == 0
 
 
 async def committed_bodies(broker, topic) -> list[bytes]:
@@ -128,6 +138,7 @@ async def test_message_published_only_when_the_database_transaction_commits(brok
                 db.execute("INSERT INTO orders (item) VALUES ('pen')")
                 raise RuntimeError("application failure")
         assert not tx_log.exists(failed.msg_id)
+        await barrier(producer, broker)
     assert db.execute("SELECT item FROM orders").fetchall() == [("book",)]
     committed = asyncio.Event()
     broker.store.add_arrival_listener(lambda t, q, m: committed.set() if t == "Orders" else None)
