@@ -7,6 +7,7 @@ import logging
 import signal
 import sys
 
+from .acl import AclConfigError
 from .config import ConfigError, load_config
 from .server import Broker
 
@@ -54,6 +55,9 @@ def broker_main(argv: list[str]) -> int:
     loop = new_event_loop()
     try:
         loop.run_until_complete(run_broker(config))
+    except (ConfigError, AclConfigError) as exc:
+        print(f"halfmq: configuration error: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         log.error("cannot start the broker: %s", exc)
         return 1

@@ -66,6 +66,12 @@ class BrokerConfig:
                                                 meta={"min": 0})
     metricsPromExporterPort: int = _doc("Prometheus metrics HTTP port (0 = any free port, -1 = off)", default=5557,
                                         meta={"min": -1, "max": 65535})
+    aclEnable: bool = _doc("check AccessKey/Signature of every request against aclConfigFile (RocketMQ 4.x "
+                           "plain ACL); when off, admin requests are served to loopback clients only", default=False)
+    aclConfigFile: str = _doc("accounts and permissions, RocketMQ's plain_acl.yml format", default="conf/plain_acl.yml")
+    tlsEnable: bool = _doc("serve the broker port over TLS", default=False)
+    tlsServerCertPath: str = _doc("PEM certificate chain for TLS", default="")
+    tlsServerKeyPath: str = _doc("PEM private key for TLS", default="")
     transactionTimeOut: int = _doc("ms after storing before a half message is first checked", default=6000,
                                    meta={"min": 0})
     transactionCheckInterval: int = _doc("ms between check-backs of an undecided half message", default=30_000,

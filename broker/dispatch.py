@@ -43,6 +43,8 @@ class Dispatcher:
         self.tasks: set[asyncio.Future] = set()
         self.close_listeners: list[Callable[[Channel], None]] = []
         self.request_observer: Callable[[int, int, float], None] | None = None
+        #: Raises BrokerError when a request is not allowed (ACL, admin codes); None: everything is.
+        self.authorize: Callable[[Channel, RemotingCommand], None] | None = None
 
     def register(self, code: int, handler: Handler) -> None:
         self.handlers[int(code)] = handler
@@ -66,6 +68,8 @@ class Dispatcher:
                                                    f" request type {cmd.code} not supported"))
             return
         try:
+            if self.authorize is not None:
+                self.authorize(channel, cmd)
             result = handler(channel, cmd)
         except Exception as exc:
             self._reply(channel, cmd, self._error_response(cmd, exc), started)

@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 
 from halfmq.store import MessageStore, StoreConfig
 
-from .config import BrokerConfig
+from .acl import AccessValidator, load_accounts
+from .config import BrokerConfig, ConfigError
 from .context import BrokerContext
 from .dispatch import Dispatcher
 from .metrics import BrokerMetrics
 from .processors.admin import AdminProcessor
 from .processors.client_manage import ClientManageProcessor
 from .processors.end_transaction import EndTransactionProcessor
+from .processors.inspect import InspectProcessor
 from .processors.namesrv import NameServerProcessor
 from .processors.offsets import OffsetProcessor
 from .processors.pull import PullProcessor
@@ -85,16 +88,19 @@ class Broker:
         ctx.transactions = TransactionStates(ctx)
         ctx.check_back = CheckBackService(ctx, ctx.transactions)
 
+        validator = AccessValidator(load_accounts(cfg.aclConfigFile) if cfg.aclEnable else None)
+        self.dispatcher.authorize = validator.check
+        tls = self._tls_context()
         # The broker port must be known before anything is stored: it is part of every record's store host.
         server = await loop.create_server(self._protocol_factory(self.dispatcher, self.connections),
-                                          cfg.bindAddress, cfg.listenPort, reuse_address=True)
+                                          cfg.bindAddress, cfg.listenPort, reuse_address=True, ssl=tls)
         self.servers.append(server)
         self.port = server.sockets[0].getsockname()[1]
         ctx.store_host = ctx.broker_addr = f"{cfg.advertised_ip}:{self.port}"
         self.addr = f"{self._local_ip()}:{self.port}"
 
         for processor in (SendProcessor(ctx), PullProcessor(ctx), OffsetProcessor(ctx), ClientManageProcessor(ctx),
-                          AdminProcessor(ctx), EndTransactionProcessor(ctx)):
+                          AdminProcessor(ctx), EndTransactionProcessor(ctx), InspectProcessor(ctx)):
             processor.register(self.dispatcher)
         NameServerProcessor(ctx).register(self.dispatcher)
         NameServerProcessor(ctx).register(self.namesrv_dispatcher)
@@ -117,7 +123,7 @@ class Broker:
 
         if cfg.namesrvListenPort >= 0:
             ns = await loop.create_server(self._protocol_factory(self.namesrv_dispatcher, self.namesrv_connections),
-                                          cfg.bindAddress, cfg.namesrvListenPort, reuse_address=True)
+                                          cfg.bindAddress, cfg.namesrvListenPort, reuse_address=True, ssl=tls)
             self.servers.append(ns)
             self.namesrv_port = ns.sockets[0].getsockname()[1]
             self.namesrv_addr = f"{self._local_ip()}:{self.namesrv_port}"
@@ -127,6 +133,19 @@ class Broker:
         log.info("effective configuration: %s", " ".join(f"{k}={v}" for k, v in cfg.as_dict().items()))
         log.info("listening: broker %s namesrv %s metrics %s", self.addr, self.namesrv_addr or "-",
                  self.metrics_addr or "-")
+
+    def _tls_context(self) -> ssl.SSLContext | None:
+        cfg = self.config
+        if not cfg.tlsEnable:
+            return None
+        if not cfg.tlsServerCertPath or not cfg.tlsServerKeyPath:
+            raise ConfigError("tlsEnable=true needs tlsServerCertPath and tlsServerKeyPath")
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            context.load_cert_chain(cfg.tlsServerCertPath, cfg.tlsServerKeyPath)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"tlsServerCertPath/tlsServerKeyPath: cannot load: {exc}") from None
+        return context
 
     def _local_ip(self) -> str:
         bind = self.config.bindAddress

@@ -6,10 +6,11 @@ from .errors import (BrokerError, ClientError, ConnectionClosedError, IllegalOpe
 from .message import Message, MessageExt, MessageQueue, SendResult, SendStatus
 from .producer import Producer
 from .push import ConsumeFrom, ConsumeStatus, PushConsumer
+from .remoting import Credentials
 from .transaction import (LocalTransactionState, LogCheckListener, TransactionListener, TransactionLog,
                           TransactionProducer, TransactionSendResult)
 
-__all__ = ["BlockingProducer", "BlockingPullConsumer", "Producer", "TransactionProducer", "TransactionListener", "LocalTransactionState",
+__all__ = ["Credentials", "BlockingProducer", "BlockingPullConsumer", "Producer", "TransactionProducer", "TransactionListener", "LocalTransactionState",
            "TransactionSendResult", "TransactionLog", "LogCheckListener", "PullConsumer", "PullResult", "PullStatus",
            "PushConsumer", "ConsumeStatus", "ConsumeFrom", "Message", "MessageExt", "MessageQueue", "SendResult",
            "SendStatus", "ClientError", "BrokerError", "ConnectionClosedError", "RequestTimeoutError",

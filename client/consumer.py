@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import ssl
 from dataclasses import dataclass
 from enum import Enum
 
@@ -11,6 +12,7 @@ from halfmq.protocol.message import decode_records
 from .errors import error_for
 from .instance import ClientInstance
 from .message import MessageExt, MessageQueue
+from .remoting import Credentials
 
 
 class PullStatus(Enum):
@@ -46,9 +48,10 @@ class PullConsumer:
         namesrv: name server address(es).
     """
 
-    def __init__(self, group: str, namesrv: str, client_ip: str = "127.0.0.1", request_timeout: float = 3.0):
+    def __init__(self, group: str, namesrv: str, client_ip: str = "127.0.0.1", request_timeout: float = 3.0,
+                 credentials: Credentials | None = None, tls: ssl.SSLContext | None = None):
         self.group = group
-        self.instance = ClientInstance(namesrv, client_ip, request_timeout)
+        self.instance = ClientInstance(namesrv, client_ip, request_timeout, credentials, tls)
         self.request_timeout = request_timeout
 
     async def start(self) -> None:

@@ -5,13 +5,14 @@ import asyncio
 import json
 import logging
 import os
+import ssl
 import uuid
 from typing import Callable
 
 from halfmq.protocol.codes import RequestCode, ResponseCode
 
 from .errors import error_for
-from .remoting import ConnectionPool, RequestHandler
+from .remoting import ConnectionPool, Credentials, RequestHandler
 from .route import RouteCache
 
 log = logging.getLogger(__name__)
@@ -26,9 +27,10 @@ class ClientInstance:
         client_ip: the address put in client ids and message ids.
     """
 
-    def __init__(self, namesrv: str, client_ip: str = "127.0.0.1", request_timeout: float = 3.0):
+    def __init__(self, namesrv: str, client_ip: str = "127.0.0.1", request_timeout: float = 3.0,
+                 credentials: Credentials | None = None, tls: ssl.SSLContext | None = None):
         self.handlers: dict[int, RequestHandler] = {}
-        self.pool = ConnectionPool(self.handlers)
+        self.pool = ConnectionPool(self.handlers, credentials=credentials, tls=tls)
         self.routes = RouteCache(self.pool, namesrv, timeout=request_timeout)
         self.client_ip = client_ip
         self.client_id = f"{client_ip}@{os.getpid()}#{uuid.uuid4().hex[:12]}"

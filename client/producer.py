@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import ssl
 import time
 
 from halfmq.protocol import properties as P
@@ -13,6 +14,7 @@ from halfmq.protocol.properties import encode_properties
 from .errors import ClientError, error_for
 from .instance import ClientInstance
 from .message import Message, MessageQueue, SendResult, SendStatus
+from .remoting import Credentials
 
 log = logging.getLogger(__name__)
 _RETRYABLE = {ResponseCode.TOPIC_NOT_EXIST, ResponseCode.SERVICE_NOT_AVAILABLE, ResponseCode.SYSTEM_ERROR,
@@ -37,12 +39,13 @@ class Producer:
     """
 
     def __init__(self, group: str, namesrv: str, retry_times: int = 2, send_timeout: float = 3.0,
-                 auto_create: bool = True, client_ip: str = "127.0.0.1"):
+                 auto_create: bool = True, client_ip: str = "127.0.0.1", credentials: Credentials | None = None,
+                 tls: ssl.SSLContext | None = None):
         self.group = group
         self.retry_times = retry_times
         self.send_timeout = send_timeout
         self.auto_create = auto_create
-        self.instance = ClientInstance(namesrv, client_ip, send_timeout)
+        self.instance = ClientInstance(namesrv, client_ip, send_timeout, credentials, tls)
         self.instance.producer_groups.add(group)
         self.uniq = UniqKeyGenerator(client_ip)
         self._counter = itertools.count()

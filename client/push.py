@@ -68,7 +68,8 @@ class PushConsumer:
 
     def __init__(self, group: str, namesrv: str, listener: Listener,
                  consume_from: ConsumeFrom = ConsumeFrom.LAST_OFFSET, batch_size: int = 1, pull_batch_size: int = 32,
-                 max_reconsume_times: int = 16, client_ip: str = "127.0.0.1", timestamp_ms: int = 0):
+                 max_reconsume_times: int = 16, client_ip: str = "127.0.0.1", timestamp_ms: int = 0,
+                 credentials=None, tls=None):
         self.group = group
         self.listener = listener
         self.consume_from = consume_from
@@ -76,7 +77,7 @@ class PushConsumer:
         self.batch_size = batch_size
         self.pull_batch_size = pull_batch_size
         self.max_reconsume_times = max_reconsume_times
-        self.puller = PullConsumer(group, namesrv, client_ip)
+        self.puller = PullConsumer(group, namesrv, client_ip, credentials=credentials, tls=tls)
         self.instance = self.puller.instance
         self.instance.consumer_data = self._consumer_data
         self.instance.handlers[RequestCode.NOTIFY_CONSUMER_IDS_CHANGED] = lambda _c, _cmd: self._rebalance_now.set()

@@ -32,9 +32,23 @@ class RequestCode(IntEnum):
     GET_BROKER_CLUSTER_INFO = 106
     GET_ALL_TOPIC_LIST_FROM_NAMESERVER = 206
     DELETE_TOPIC_IN_BROKER = 215
+    GET_CONSUMER_CONNECTION_LIST = 203
+    GET_PRODUCER_CONNECTION_LIST = 204
+    GET_CONSUME_STATS = 208
     SEND_MESSAGE_V2 = 310
     SEND_BATCH_MESSAGE = 320
     RESUME_CHECK_HALF_MESSAGE = 323
+    #: halfmq's own admin codes (RocketMQ has none for these), far from RocketMQ's range.
+    HALFMQ_GET_HALF_STATUS = 20001
+    HALFMQ_GET_TRANSACTION_RECORDS = 20002
+
+
+#: Codes that read or change broker state for operators: served only to admin peers (see broker/acl).
+ADMIN_REQUEST_CODES = frozenset({
+    RequestCode.UPDATE_AND_CREATE_TOPIC, RequestCode.DELETE_TOPIC_IN_BROKER, RequestCode.GET_ALL_TOPIC_CONFIG,
+    RequestCode.GET_BROKER_RUNTIME_INFO, RequestCode.GET_CONSUMER_CONNECTION_LIST,
+    RequestCode.GET_PRODUCER_CONNECTION_LIST, RequestCode.GET_CONSUME_STATS, RequestCode.RESUME_CHECK_HALF_MESSAGE,
+    RequestCode.HALFMQ_GET_HALF_STATUS, RequestCode.HALFMQ_GET_TRANSACTION_RECORDS})
 
 
 class ResponseCode(IntEnum):

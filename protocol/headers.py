@@ -295,3 +295,35 @@ class CreateTopicRequestHeader(Header):
 @dataclass(slots=True, kw_only=True)
 class ResumeCheckHalfMessageRequestHeader(Header):
     msgId: str = req()
+
+
+@dataclass(slots=True, kw_only=True)
+class QueryMessageRequestHeader(Header):
+    """QUERY_MESSAGE (12): messages of a topic by key."""
+
+    topic: str = req()
+    key: str = req()
+    maxNum: int = req()
+    beginTimestamp: int = req()
+    endTimestamp: int = req()
+
+
+@dataclass(slots=True, kw_only=True)
+class ConnectionListRequestHeader(Header):
+    """GET_PRODUCER_CONNECTION_LIST (204) uses producerGroup; GET_CONSUMER_CONNECTION_LIST (203) consumerGroup."""
+
+    producerGroup: str | None = opt()
+    consumerGroup: str | None = opt()
+
+
+@dataclass(slots=True, kw_only=True)
+class ConsumeStatsRequestHeader(Header):
+    consumerGroup: str = req()
+    topic: str | None = opt()
+
+
+@dataclass(slots=True, kw_only=True)
+class HalfStatusRequestHeader(Header):
+    """HALFMQ_GET_HALF_STATUS / HALFMQ_GET_TRANSACTION_RECORDS: at most ``limit`` rows."""
+
+    limit: int | None = opt()

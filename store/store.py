@@ -21,7 +21,7 @@ from .keys import (CQ_VALUE, DUE_KEY, QUEUE_KEY, QUEUE_PREFIX, TOPIC_ID, U64, of
 from .writer import Counters, PutRequest, WriteContext, WriterThread, _Op
 
 log = logging.getLogger(__name__)
-_DBS = ("commitlog", "cq", "topic_ids", "offsets", "topics", "halfs", "due", "meta")
+_DBS = ("commitlog", "cq", "topic_ids", "offsets", "topics", "halfs", "due", "meta", "keys")
 MIN_SCAN = 800
 
 
@@ -261,6 +261,20 @@ class MessageStore:
                 else:
                     right = mid
             return left
+
+    def messages_by_key(self, topic: str, key: str, max_num: int) -> list[bytes]:
+        """Records of ``topic`` carrying ``key`` among their KEYS, newest last, at most ``max_num``."""
+        prefix = topic.encode() + b"\x00" + key.encode() + b"\x00"
+        offsets = []
+        with self.env.begin() as txn:
+            cur = txn.cursor(db=self.dbs["keys"])
+            if cur.set_range(prefix):
+                for k in cur.iternext(keys=True, values=False):
+                    if not k.startswith(prefix) or len(k) != len(prefix) + 8:
+                        break
+                    offsets.append(U64.unpack(k[len(prefix):])[0])
+            log_db = self.dbs["commitlog"]
+            return [raw for raw in (txn.get(U64.pack(o), db=log_db) for o in offsets[-max_num:]) if raw]
 
     def earliest_store_time(self, topic: str, queue_id: int) -> int:
         entries = self.get_queue_entries(topic, queue_id, self.min_offset(topic, queue_id), 1)

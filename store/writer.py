@@ -33,6 +33,7 @@ class PutRequest:
     record: bytearray
     tags_code: int = 0
     index: bool = True
+    keys: str | None = None  # space-separated business keys, indexed for QUERY_MESSAGE
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,11 @@ class WriteContext:
                     CQ_VALUE.pack(physical, size, req.tags_code, self.now_ms), db=self.dbs["cq"])
             counters.queue_max[key] = queue_offset + 1
             self.grown[key] = queue_offset + 1
+        if req.keys:
+            keys_db = self.dbs["keys"]
+            prefix = req.topic.encode() + b"\x00"
+            for key in req.keys.split():
+                txn.put(prefix + key.encode() + b"\x00" + U64.pack(physical), b"", db=keys_db)
         counters.next_physical = physical + size
         return PutResult(physical, queue_offset, self.now_ms, size)
 

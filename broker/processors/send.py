@@ -142,7 +142,8 @@ class SendProcessor:
             rec.topic = SCHEDULE_TOPIC
             rec.queue_id = level - 1
         index = tx_type in (SysFlag.TRANSACTION_NOT_TYPE, SysFlag.TRANSACTION_COMMIT_TYPE)
-        return PutRequest(rec.topic, rec.queue_id, encode_record(rec), tags_hash(props.get(P.TAGS)), index)
+        return PutRequest(rec.topic, rec.queue_id, encode_record(rec), tags_hash(props.get(P.TAGS)), index,
+                          props.get(P.KEYS))
 
     async def _send_batch(self, channel, cmd: RemotingCommand, header) -> RemotingCommand:
         ctx = self.ctx
@@ -174,7 +175,8 @@ class SendProcessor:
                                 sys_flag=header.sysFlag & ~SysFlag.TRANSACTION_MASK,
                                 born_timestamp=header.bornTimestamp, born_host=host, store_host=ctx.store_host,
                                 properties=props)
-            requests.append(PutRequest(topic, queue_id, encode_record(rec), tags_hash(props.get(P.TAGS))))
+            requests.append(PutRequest(topic, queue_id, encode_record(rec), tags_hash(props.get(P.TAGS)), True,
+                                       props.get(P.KEYS)))
         results = await ctx.store.put_messages(requests)
         if ctx.metrics is not None:
             ctx.metrics.message_in(topic, sum(len(i.body) for i in items), len(items))

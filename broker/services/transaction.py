@@ -196,4 +196,5 @@ def committed_request(half: MessageRecord, half_offset: int, store_host: str) ->
     half.sys_flag = (half.sys_flag & ~SysFlag.TRANSACTION_MASK) | SysFlag.TRANSACTION_COMMIT_TYPE
     half.prepared_transaction_offset = half_offset
     half.store_host = store_host
-    return PutRequest(half.topic, half.queue_id, encode_record(half), tags_hash(props.get(P.TAGS)))
+    return PutRequest(half.topic, half.queue_id, encode_record(half), tags_hash(props.get(P.TAGS)), True,
+                      props.get(P.KEYS))

@@ -1,0 +1,135 @@
+"""Read-only operator requests: message lookup by key, runtime info, connections, consume progress and the
+transaction tables (what `halfmq admin` and the Spark audit job read)."""
+from __future__ import annotations
+
+import json
+import time
+
+from halfmq.protocol.codes import RequestCode, ResponseCode
+from halfmq.protocol.command import RemotingCommand
+from halfmq.protocol.headers import (
+    ConnectionListRequestHeader,
+    ConsumeStatsRequestHeader,
+    HalfStatusRequestHeader,
+    QueryMessageRequestHeader,
+)
+from halfmq.protocol.message import create_offset_msg_id
+
+from ..context import BrokerContext, now_ms
+from ..errors import BrokerError
+from ..services.transaction import PREPARED
+
+MAX_ROWS = 100_000
+_STARTED = time.time()
+
+
+def _json(cmd: RemotingCommand, body) -> RemotingCommand:
+    return cmd.response(ResponseCode.SUCCESS, body=json.dumps(body).encode())
+
+
+class InspectProcessor:
+    def __init__(self, ctx: BrokerContext):
+        self.ctx = ctx
+
+    def register(self, dispatcher) -> None:
+        dispatcher.register(RequestCode.QUERY_MESSAGE, self.query_message)
+        dispatcher.register(RequestCode.GET_BROKER_RUNTIME_INFO, self.runtime_info)
+        dispatcher.register(RequestCode.GET_PRODUCER_CONNECTION_LIST, self.producer_connections)
+        dispatcher.register(RequestCode.GET_CONSUMER_CONNECTION_LIST, self.consumer_connections)
+        dispatcher.register(RequestCode.GET_CONSUME_STATS, self.consume_stats)
+        dispatcher.register(RequestCode.HALFMQ_GET_HALF_STATUS, self.half_status)
+        dispatcher.register(RequestCode.HALFMQ_GET_TRANSACTION_RECORDS, self.transaction_records)
+
+    def query_message(self, channel, cmd: RemotingCommand) -> RemotingCommand:
+        h = QueryMessageRequestHeader.from_ext(cmd.ext_fields)
+        records = self.ctx.store.messages_by_key(h.topic, h.key, max(1, min(h.maxNum, 64)))
+        if not records:
+            raise BrokerError(ResponseCode.QUERY_NOT_FOUND, f"no message of topic {h.topic} with key {h.key}")
+        return cmd.response(ResponseCode.SUCCESS, ext_fields={"indexLastUpdateTimestamp": str(now_ms()),
+                                                              "indexLastUpdatePhyoffset": "0"},
+                            body=b"".join(records))
+
+    def runtime_info(self, channel, cmd: RemotingCommand) -> RemotingCommand:
+        ctx = self.ctx
+        stats = ctx.store.stats()
+        check = ctx.check_back
+        table = {"brokerVersionDesc": "halfmq 0.1.0 (RocketMQ 4.9.8 protocol)", "bootTimestamp": str(int(_STARTED * 1000)),
+                 "runtime": f"{int(time.time() - _STARTED)} s", "storeUsedBytes": str(stats["used_bytes"]),
+                 "storeMapSize": str(stats["map_size"]), "storeGroupCommits": str(stats["total_groups"]),
+                 "storeWrites": str(stats["total_ops"]), "pendingHalfMessages": str(ctx.store.pending_halves_count()),
+                 "checkBacksSent": str(check.checks_sent), "checkBacksUndeliverable": str(check.checks_undeliverable),
+                 "halfMessagesDiscarded": str(check.discarded),
+                 "lastCheckPassMillis": f"{check.last_pass_seconds * 1000:.2f}", "heldPulls": str(ctx.long_poll.count()),
+                 "topics": str(len(ctx.topics.topics)), "flushDiskType": ctx.config.flushDiskType}
+        return _json(cmd, {"table": table})
+
+    @staticmethod
+    def _connection(info) -> dict:
+        return {"clientId": info.client_id, "clientAddr": info.channel.remote, "language": info.language,
+                "version": info.version}
+
+    def producer_connections(self, channel, cmd: RemotingCommand) -> RemotingCommand:
+        group = ConnectionListRequestHeader.from_ext(cmd.ext_fields).producerGroup or ""
+        infos = self.ctx.producers.groups.get(group, {}).values()
+        if not infos:
+            raise BrokerError(ResponseCode.SYSTEM_ERROR, f"the producer group[{group}] not online")
+        return _json(cmd, {"connectionSet": [self._connection(i) for i in infos]})
+
+    def consumer_connections(self, channel, cmd: RemotingCommand) -> RemotingCommand:
+        group = ConnectionListRequestHeader.from_ext(cmd.ext_fields).consumerGroup or ""
+        entry = self.ctx.consumers.groups.get(group)
+        if entry is None:
+            raise BrokerError(ResponseCode.CONSUMER_NOT_ONLINE, f"the consumer group[{group}] not online")
+        return _json(cmd, {"connectionSet": [self._connection(i) for i in entry.channels.values()],
+                           "subscriptionTable": {t: {"topic": t, "subString": s.expression}
+                                                 for t, s in entry.subscriptions.items()},
+                           "consumeType": entry.consume_type, "messageModel": entry.message_model,
+                           "consumeFromWhere": entry.consume_from_where})
+
+    def consume_stats(self, channel, cmd: RemotingCommand) -> RemotingCommand:
+        h = ConsumeStatsRequestHeader.from_ext(cmd.ext_fields)
+        ctx = self.ctx
+        topics = {h.topic} if h.topic else {t for (g, t, _q) in ctx.offsets.table if g == h.consumerGroup}
+        entry = ctx.consumers.groups.get(h.consumerGroup)
+        if entry is not None and not h.topic:
+            topics |= set(entry.subscriptions)
+        rows = []
+        for topic in sorted(topics):
+            config = ctx.topics.get(topic)
+            queues = range(config.read_queue_nums) if config else ctx.store.queue_ids(topic)
+            for queue_id in queues:
+                broker_offset = ctx.store.max_offset(topic, queue_id)
+                consumer_offset = ctx.offsets.get(h.consumerGroup, topic, queue_id)
+                rows.append({"topic": topic, "brokerName": ctx.config.brokerName, "queueId": queue_id,
+                             "brokerOffset": broker_offset,
+                             "consumerOffset": -1 if consumer_offset is None else consumer_offset,
+                             "diff": broker_offset - (consumer_offset or 0)})
+        return _json(cmd, {"offsetTable": rows, "consumeTps": 0.0})
+
+    def half_status(self, channel, cmd: RemotingCommand) -> RemotingCommand:
+        """Pending halves, oldest check due first: age, checks so far, group, topic, offsetMsgId."""
+        limit = min(HalfStatusRequestHeader.from_ext(cmd.ext_fields).limit or 1000, MAX_ROWS)
+        store, now = self.ctx.store, now_ms()
+        rows = []
+        for due, offset in store.due_halves(2 ** 62, limit):
+            state = store.get_half(offset)
+            if state is None or state["state"] != PREPARED:
+                continue
+            rows.append({"offsetMsgId": create_offset_msg_id(self.ctx.store_host, offset),
+                         "transactionId": state["uniq"], "producerGroup": state["group"], "topic": state["topic"],
+                         "ageMillis": now - state["store_ts"], "checks": state["checks"],
+                         "nextCheckInMillis": due - now, "waitingForProducer": bool(state.get("waiting"))})
+        return _json(cmd, {"pending": store.pending_halves_count(), "halves": rows})
+
+    def transaction_records(self, channel, cmd: RemotingCommand) -> RemotingCommand:
+        """Every transaction's record (for audits): state, group, topic, times and check count."""
+        limit = min(HalfStatusRequestHeader.from_ext(cmd.ext_fields).limit or MAX_ROWS, MAX_ROWS)
+        rows = []
+        for offset, state in self.ctx.store.iter_halves():
+            rows.append({"offset": offset, "transactionId": state["uniq"], "producerGroup": state["group"],
+                         "topic": state["topic"], "state": state["state"], "storeTimestamp": state["store_ts"],
+                         "decidedTimestamp": state.get("decided_ts"), "decidedBy": state.get("decided_by"),
+                         "checks": state["checks"]})
+            if len(rows) >= limit:
+                break
+        return _json(cmd, {"records": rows})
