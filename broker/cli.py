@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import logging
 import signal
 import sys
@@ -69,12 +70,16 @@ def broker_main(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: halfmq broker [-c FILE] [--KEY=VALUE ...]")
+        print("usage: halfmq broker [-c FILE] [--KEY=VALUE ...]\n       halfmq admin [-n NAMESRV] COMMAND ...")
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command == "broker":
         return broker_main(rest)
-    print(f"halfmq: unknown command {command!r} (try: halfmq broker)", file=sys.stderr)
+    if command == "admin":
+        # The admin tool is a client of the broker; the one `halfmq` entry point hands over to it by name, so the
+        # broker package itself never depends on the client package.
+        return importlib.import_module("halfmq.client.admin").main(rest)
+    print(f"halfmq: unknown command {command!r} (try: halfmq broker, halfmq admin)", file=sys.stderr)
     return 2
 
 
