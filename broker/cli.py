@@ -26,14 +26,14 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 async def run_broker(config) -> None:
     broker = Broker(config)
-    await broker.start()
-    # Always printed, whatever logLevel: scripts and supervisors wait for this line.
-    print(f"halfmq ready: broker {broker.addr} namesrv {broker.namesrv_addr or '-'} "
-          f"metrics {broker.metrics_addr or '-'}", flush=True)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    await broker.start()
+    # Always printed, whatever logLevel: scripts and supervisors wait for this line.
+    print(f"halfmq ready: broker {broker.addr} namesrv {broker.namesrv_addr or '-'} "
+          f"metrics {broker.metrics_addr or '-'}", flush=True)
     await stop.wait()
     await broker.stop()
 

@@ -124,9 +124,13 @@ class MessageStore:
         """As put_messages, but returns the future at once (for callers that chain a callback)."""
         return self._submit("put", reqs)
 
-    async def write(self, fn: Callable[[WriteContext], object]):
-        """Run ``fn`` in the writer's transaction, atomically; returns its result or raises its exception."""
-        return await self._submit("fn", fn)
+    async def write(self, fn: Callable[[WriteContext], object], validated: bool = False):
+        """Run ``fn`` in the writer's transaction, atomically; returns its result or raises its exception.
+
+        Args:
+            validated: ``fn`` raises only before its first write, so it needs no child transaction (faster).
+        """
+        return await self._submit("checked" if validated else "fn", fn)
 
     async def set_consumer_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         await self.write(lambda ctx: ctx.set_consumer_offset(group, topic, queue_id, offset))

@@ -239,6 +239,16 @@ class WriterThread(threading.Thread):
             ctx = WriteContext(txn, self.dbs, counters, now_ms, grown)
             op.outcome = (True, [ctx.put_message(req) for req in op.payload])
             return
+        if op.kind == "checked":
+            # The function raises only before its first write (it validates, then writes): no child
+            # transaction is needed to undo anything, which saves a nested commit per operation.
+            try:
+                op.outcome = (True, op.payload(WriteContext(txn, self.dbs, counters, now_ms, grown)))
+            except lmdb.MapFullError:
+                raise
+            except Exception as exc:
+                op.outcome = (False, exc)
+            return
         saved = counters.copy()
         saved_grown = dict(grown)
         child = self.env.begin(write=True, parent=txn)

@@ -171,7 +171,7 @@ class CheckBackService:
                     wctx.remove_due(due_ms, offset)
 
         if attempts or postponed or stale:
-            await self.store.write(write)
+            await self.store.write(write, validated=True)
         metrics = self.ctx.metrics
         for offset in to_discard:
             state = await self.states.discard(offset, self.max_checks)

@@ -82,7 +82,7 @@ class TransactionStates:
             wctx.add_due(due, result.physical_offset)
             return result, due
 
-        result, due = await self.store.write(write)
+        result, due = await self.store.write(write, validated=True)
         self.sender_channels[result.physical_offset] = channel
         if self.ctx.metrics is not None:
             self.ctx.metrics.half_prepared(real_topic)
@@ -129,7 +129,7 @@ class TransactionStates:
             wctx.put_half(half_offset, state)
             return DecisionOutcome(state, True, committed_offset)
 
-        outcome = await self.store.write(write)
+        outcome = await self.store.write(write, validated=True)
         if outcome.applied:
             self.sender_channels.pop(half_offset, None)
         return outcome
