@@ -120,6 +120,10 @@ class MessageStore:
         """Store records atomically; each gets its physical offset, queue offset and store timestamp."""
         return await self._submit("put", reqs)
 
+    def submit_write(self, fn: Callable[[WriteContext], object], validated: bool = False) -> asyncio.Future:
+        """As write, but returns the future at once."""
+        return self._submit("checked" if validated else "fn", fn)
+
     def submit_messages(self, reqs: list[PutRequest]) -> asyncio.Future:
         """As put_messages, but returns the future at once (for callers that chain a callback)."""
         return self._submit("put", reqs)

@@ -10,6 +10,7 @@ from halfmq.protocol.headers import EndTransactionRequestHeader, ResumeCheckHalf
 from halfmq.protocol.message import decode_offset_msg_id
 
 from ..context import BrokerContext
+from ..dispatch import Deferred
 from ..errors import BrokerError
 from ..services.transaction import COMMIT, ROLLBACK, UNKNOWN
 
@@ -33,20 +34,22 @@ class EndTransactionProcessor:
             log.debug("UNKNOW for half %d from %s (check=%s)", h.commitLogOffset, channel.remote,
                       h.fromTransactionCheck)
             return None
-        return self._decide(cmd, h)
+        future, finish = self.ctx.transactions.submit_decide(h.commitLogOffset, h.producerGroup,
+                                                             h.tranStateTableOffset, h.commitOrRollback,
+                                                             bool(h.fromTransactionCheck))
+        future.add_done_callback(lambda fut: self._note_refusal(fut, h))
+        return Deferred(future, lambda value: self._decided(cmd, h, finish(value)))
 
-    async def _decide(self, cmd: RemotingCommand, h: EndTransactionRequestHeader) -> RemotingCommand:
-        metrics = self.ctx.metrics
-        try:
-            outcome = await self.ctx.transactions.decide(h.commitLogOffset, h.producerGroup,
-                                                         h.tranStateTableOffset, h.commitOrRollback,
-                                                         bool(h.fromTransactionCheck))
-        except BrokerError as exc:
-            if metrics is not None and exc.code == ResponseCode.ILLEGAL_OPERATION:
-                metrics.decision_conflict(h.producerGroup)
+    def _note_refusal(self, fut, h: EndTransactionRequestHeader) -> None:
+        exc = None if fut.cancelled() else fut.exception()
+        if isinstance(exc, BrokerError):
+            if self.ctx.metrics is not None and exc.code == ResponseCode.ILLEGAL_OPERATION:
+                self.ctx.metrics.decision_conflict(h.producerGroup)
             log.info("END_TRANSACTION %s for half %d refused: %s", h.commitOrRollback, h.commitLogOffset,
                      exc.remark)
-            raise
+
+    def _decided(self, cmd: RemotingCommand, h: EndTransactionRequestHeader, outcome) -> RemotingCommand:
+        metrics = self.ctx.metrics
         if metrics is not None:
             if outcome.applied:
                 metrics.half_decided(outcome.state)

@@ -107,7 +107,8 @@ class SendProcessor:
                                   "the broker rejects transaction messages (rejectTransactionMessage=true)")
             if _delay_level(props) > 0:
                 raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "a transaction message cannot have a delay level")
-            return self._send_half(cmd, rec, header.producerGroup, channel, queue_id)
+            future, finish = ctx.transactions.submit_prepare(rec, header.producerGroup, channel)
+            return Deferred(future, lambda value: self._half_response(cmd, queue_id, *finish(value)))
         request = self.delayed_or_plain(rec)
         size = len(cmd.body)
 
@@ -120,10 +121,8 @@ class SendProcessor:
 
         return Deferred(ctx.store.submit_messages([request]), finish)
 
-    async def _send_half(self, cmd: RemotingCommand, rec: MessageRecord, group: str, channel,
-                         queue_id: int) -> RemotingCommand:
+    def _half_response(self, cmd: RemotingCommand, queue_id: int, result, transaction_id: str) -> RemotingCommand:
         ctx = self.ctx
-        result, transaction_id = await ctx.transactions.prepare(rec, group, channel)
         return cmd.response(ResponseCode.SUCCESS, ext_fields={
             "msgId": create_offset_msg_id(ctx.store_host, result.physical_offset),
             "queueId": str(queue_id), "queueOffset": str(result.queue_offset),

@@ -57,6 +57,12 @@ class TransactionStates:
 
     async def prepare(self, rec: MessageRecord, group: str, channel) -> tuple:
         """Store ``rec`` as a half message (reference §5.2). Returns (PutResult, transaction id)."""
+        future, finish = self.submit_prepare(rec, group, channel)
+        return finish(await future)
+
+    def submit_prepare(self, rec: MessageRecord, group: str, channel) -> tuple:
+        """As prepare, without a coroutine: (store future, finish) where finish(future's value) gives
+        (PutResult, transaction id)."""
         props = rec.properties
         uniq = props.get(P.UNIQ_KEY, "")
         if uniq:
@@ -82,13 +88,16 @@ class TransactionStates:
             wctx.add_due(due, result.physical_offset)
             return result, due
 
-        result, due = await self.store.write(write, validated=True)
-        self.sender_channels[result.physical_offset] = channel
-        if self.ctx.metrics is not None:
-            self.ctx.metrics.half_prepared(real_topic)
-        for callback in self.on_prepared:
-            callback(due)
-        return result, uniq
+        def finish(value) -> tuple:
+            result, due = value
+            self.sender_channels[result.physical_offset] = channel
+            if self.ctx.metrics is not None:
+                self.ctx.metrics.half_prepared(real_topic)
+            for callback in self.on_prepared:
+                callback(due)
+            return result, uniq
+
+        return self.store.submit_write(write, validated=True), finish
 
     async def decide(self, half_offset: int, group: str, queue_offset: int, decision: int,
                      from_check: bool) -> DecisionOutcome:
@@ -98,6 +107,12 @@ class TransactionStates:
             BrokerError: SYSTEM_ERROR when the half is unknown or the group/offsets do not match;
                 ILLEGAL_OPERATION when the decision conflicts with an earlier one.
         """
+        future, finish = self.submit_decide(half_offset, group, queue_offset, decision, from_check)
+        return finish(await future)
+
+    def submit_decide(self, half_offset: int, group: str, queue_offset: int, decision: int,
+                      from_check: bool) -> tuple:
+        """As decide, without a coroutine: (store future, finish) where finish(value) gives the outcome."""
         wanted = _DECISION_STATE[decision]
         store_host = self.ctx.store_host
 
@@ -129,10 +144,12 @@ class TransactionStates:
             wctx.put_half(half_offset, state)
             return DecisionOutcome(state, True, committed_offset)
 
-        outcome = await self.store.write(write, validated=True)
-        if outcome.applied:
-            self.sender_channels.pop(half_offset, None)
-        return outcome
+        def finish(outcome: DecisionOutcome) -> DecisionOutcome:
+            if outcome.applied:
+                self.sender_channels.pop(half_offset, None)
+            return outcome
+
+        return self.store.submit_write(write, validated=True), finish
 
     async def discard(self, half_offset: int, max_checks: int) -> dict | None:
         """Move a half that used up its checks to TRANS_CHECK_MAX_TIME_TOPIC, where it stays readable.
