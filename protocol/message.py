@@ -30,6 +30,7 @@ _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
 _U16 = struct.Struct(">H")
 _TAIL = struct.Struct(">iq")  # reconsumeTimes, preparedTransactionOffset
+_HEAD_MAGIC = struct.Struct(">I")
 
 
 @lru_cache(maxsize=4096)
@@ -200,6 +201,59 @@ def decode_record(buf, pos: int = 0) -> MessageRecord:
                          born_host=born_host, store_timestamp=store_ts, store_host=store_host,
                          reconsume_times=reconsume, prepared_transaction_offset=prepared,
                          properties=props, body_crc=crc, store_size=size)
+
+
+def rewrite_record(buf: bytes, topic: str, queue_id: int, properties_text: str) -> bytearray:
+    """A copy of the record ``buf`` with another topic, queue id and property string, everything else kept.
+
+    Cheaper than decode_record + encode_record where only these fields change (check-back bodies).
+
+    Raises:
+        MessageFormatError: ``buf`` is not a well-formed record.
+    """
+    try:
+        (sys_flag,) = _I32.unpack_from(buf, SYSFLAG_POS)
+        p = BORN_HOST_POS + (20 if sys_flag & SysFlag.BORNHOST_V6 else 8) + 8
+        p += (20 if sys_flag & SysFlag.STOREHOST_V6 else 8) + 12
+        (body_len,) = _I32.unpack_from(buf, p)
+        body_end = p + 4 + body_len
+        if body_len < 0 or body_end > len(buf):
+            raise MessageFormatError("body length out of range")
+    except struct.error:
+        raise MessageFormatError("truncated record") from None
+    topic_bytes = topic.encode()
+    props = properties_text.encode()
+    check_properties_size(props)
+    v2 = len(topic_bytes) > 127
+    out = bytearray(buf[:body_end])
+    out += _U16.pack(len(topic_bytes)) if v2 else bytes((len(topic_bytes),))
+    out += topic_bytes
+    out += _U16.pack(len(props))
+    out += props
+    _I32.pack_into(out, 0, len(out))
+    _HEAD_MAGIC.pack_into(out, 4, MAGIC_V2 if v2 else MAGIC_V1)
+    _I32.pack_into(out, 12, queue_id)
+    return out
+
+
+def record_properties_text(buf) -> str:
+    """The raw property string of an encoded record (no other field is decoded)."""
+    try:
+        (sys_flag,) = _I32.unpack_from(buf, SYSFLAG_POS)
+        (magic,) = _HEAD_MAGIC.unpack_from(buf, 4)
+        p = BORN_HOST_POS + (20 if sys_flag & SysFlag.BORNHOST_V6 else 8) + 8
+        p += (20 if sys_flag & SysFlag.STOREHOST_V6 else 8) + 12
+        (body_len,) = _I32.unpack_from(buf, p)
+        p += 4 + body_len
+        if magic == MAGIC_V2:
+            (topic_len,) = _U16.unpack_from(buf, p)
+            p += 2 + topic_len
+        else:
+            p += 1 + buf[p]
+        (props_len,) = _U16.unpack_from(buf, p)
+        return bytes(buf[p + 2:p + 2 + props_len]).decode()
+    except (struct.error, IndexError, UnicodeDecodeError):
+        raise MessageFormatError("truncated or malformed record") from None
 
 
 def decode_records(buf) -> list[MessageRecord]:

@@ -319,6 +319,17 @@ class MessageStore:
             raw = txn.get(U64.pack(half_offset), db=self.dbs["halfs"])
         return None if raw is None else msgpack.unpackb(raw)
 
+    def halves_with_records(self, half_offsets: list[int]) -> list[tuple[dict | None, bytes | None]]:
+        """(state, stored record) of each half, read in one transaction."""
+        out = []
+        with self.env.begin() as txn:
+            halfs, log_db = self.dbs["halfs"], self.dbs["commitlog"]
+            for offset in half_offsets:
+                key = U64.pack(offset)
+                raw = txn.get(key, db=halfs)
+                out.append((None if raw is None else msgpack.unpackb(raw), txn.get(key, db=log_db)))
+        return out
+
     def due_halves(self, until_ms: int, limit: int) -> list[tuple[int, int]]:
         out = []
         with self.env.begin() as txn:

@@ -15,7 +15,8 @@ import time
 from halfmq.protocol import properties as P
 from halfmq.protocol.codes import FLAG_ONEWAY, RequestCode
 from halfmq.protocol.command import RemotingCommand
-from halfmq.protocol.message import create_offset_msg_id, decode_record, encode_record, stamp_record
+from halfmq.protocol.message import create_offset_msg_id, record_properties_text, rewrite_record
+from halfmq.protocol.properties import decode_properties, encode_properties
 
 from ..context import now_ms
 from .transaction import PREPARED
@@ -142,8 +143,8 @@ class CheckBackService:
         postponed: list[int] = []       # no live producer: wait for one, attempts not burned
         stale: list[tuple[int, int]] = []
         to_discard: list[int] = []
-        for due_ms, offset in due:
-            state = self.store.get_half(offset)
+        rows = self.store.halves_with_records([offset for _due, offset in due])
+        for (due_ms, offset), (state, raw) in zip(due, rows, strict=True):
             if state is None or state["state"] != PREPARED or state["due"] != due_ms:
                 stale.append((due_ms, offset))  # an index entry left behind; the write below drops it
                 continue
@@ -151,7 +152,7 @@ class CheckBackService:
                 to_discard.append(offset)
                 continue
             channel = self._select_channel(state, offset)
-            if channel is not None and self._send_check(channel, offset, state):
+            if channel is not None and self._send_check(channel, offset, state, raw):
                 attempts[offset] = state["checks"] + 1
                 self.checks_sent += 1
             else:
@@ -212,19 +213,15 @@ class CheckBackService:
                 return channel
         return self.ctx.producers.select(group)
 
-    def _send_check(self, channel, offset: int, state: dict) -> bool:
-        raw = self.store.read_record(offset)
+    def _send_check(self, channel, offset: int, state: dict, raw: bytes | None) -> bool:
         if raw is None:
             log.error("half message at %d is missing from the commit log", offset)
             return False
-        rec = decode_record(raw)
-        props = rec.properties
+        props = decode_properties(record_properties_text(raw))
         props[P.TRANSACTION_CHECK_TIMES] = str(state["checks"] + 1)
-        rec.topic = props.get(P.REAL_TOPIC, rec.topic)
-        rec.queue_id = int(props.get(P.REAL_QID, "0"))
-        body = encode_record(rec)
-        stamp_record(body, state["queue_offset"], offset, rec.store_timestamp)
-        uniq = props.get(P.UNIQ_KEY, "")
+        # The body is the half record shown as a message of its real topic and queue (reference §3.3).
+        body = rewrite_record(raw, state["topic"], state["queue_id"], encode_properties(props))
+        uniq = state["uniq"]
         header = {"tranStateTableOffset": str(state["queue_offset"]), "commitLogOffset": str(offset),
                   "msgId": uniq, "transactionId": uniq,
                   "offsetMsgId": create_offset_msg_id(self.ctx.store_host, offset)}

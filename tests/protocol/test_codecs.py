@@ -262,3 +262,16 @@ def test_captured_requests_decode(path):
 
 def test_captures_are_present():
     assert len(CAPTURED_FILES) >= 5
+
+
+@given(records, st.text("abcXYZ", min_size=1, max_size=140), int32, st.dictionaries(nonempty, nonempty, max_size=4))
+def test_rewrite_record_changes_only_topic_queue_and_properties(rec, topic, queue_id, props):
+    from halfmq.protocol.message import record_properties_text, rewrite_record
+
+    raw = bytes(encode_record(rec))
+    assert record_properties_text(raw) == encode_properties(rec.properties)
+    got = decode_record(rewrite_record(raw, topic, queue_id, encode_properties(props)))
+    want = decode_record(raw)
+    want.topic, want.queue_id, want.properties = topic, queue_id, props
+    got.store_size = want.store_size = 0
+    assert got == want
