@@ -57,6 +57,7 @@ class BrokerMetrics:
         self._in: dict = {}
         self._out: dict = {}
         self._rpc: dict = {}
+        self._decided: dict = {}
         r.register(_StateCollector(self))
         self._http = None
 
@@ -90,14 +91,18 @@ class BrokerMetrics:
     def half_decided(self, state: dict) -> None:
         topic = state["topic"]
         self.half_open[topic] = max(0, self.half_open.get(topic, 0) - 1)
+        children = self._decided.get(topic)
+        if children is None:
+            children = self._decided[topic] = (self.commits.labels(topic), self.rollbacks.labels(topic),
+                                               self.finish_latency.labels(topic))
         if state["state"] == "COMMITTED":
-            self.commits.labels(topic).inc()
+            children[0].inc()
         elif state["state"] == "ROLLED_BACK":
-            self.rollbacks.labels(topic).inc()
+            children[1].inc()
         elif state["state"] == "DISCARDED":
             self.discarded.inc()
         if "decided_ts" in state:
-            self.finish_latency.labels(topic).observe(max(0, state["decided_ts"] - state["store_ts"]) / 1000)
+            children[2].observe(max(0, state["decided_ts"] - state["store_ts"]) / 1000)
 
     def repeated_decision(self, from_check: bool) -> None:
         if from_check:

@@ -80,6 +80,7 @@ class TransactionProducer(Producer):
         self.listener = listener
         self.instance.handlers[RequestCode.CHECK_TRANSACTION_STATE] = self._on_check
         self._check_tasks: set[asyncio.Task] = set()
+        self._connections: dict[str, Connection] = {}  # broker name → connection, for END_TRANSACTION
 
     async def start(self) -> None:
         """Start and register the group with every broker, so checks can reach this producer at once."""
@@ -119,8 +120,11 @@ class TransactionProducer(Producer):
 
     async def end_transaction(self, result: SendResult, state: LocalTransactionState) -> None:
         """Tell the broker the outcome of the half message ``result`` (oneway, as stock clients do)."""
-        route = await self.instance.routes.get(result.queue.topic, self.auto_create)
-        conn = await self.instance.pool.get(route.addr_of(result.queue.broker_name))
+        conn = self._connections.get(result.queue.broker_name)
+        if conn is None or not conn.is_open:
+            route = await self.instance.routes.get(result.queue.topic, self.auto_create)
+            conn = await self.instance.pool.get(route.addr_of(result.queue.broker_name))
+            self._connections[result.queue.broker_name] = conn
         _host, commit_log_offset = decode_offset_msg_id(result.offset_msg_id)
         conn.oneway(RequestCode.END_TRANSACTION, {
             "producerGroup": self.group, "tranStateTableOffset": str(result.queue_offset),

@@ -236,6 +236,15 @@ def rewrite_record(buf: bytes, topic: str, queue_id: int, properties_text: str) 
     return out
 
 
+def mark_committed(buf: bytearray, prepared_offset: int) -> None:
+    """In place: transaction type := COMMIT and preparedTransactionOffset := ``prepared_offset``."""
+    (sys_flag,) = _I32.unpack_from(buf, SYSFLAG_POS)
+    _I32.pack_into(buf, SYSFLAG_POS, (sys_flag & ~SysFlag.TRANSACTION_MASK) | SysFlag.TRANSACTION_COMMIT_TYPE)
+    p = BORN_HOST_POS + (20 if sys_flag & SysFlag.BORNHOST_V6 else 8) + 8
+    p += (20 if sys_flag & SysFlag.STOREHOST_V6 else 8) + 4
+    _I64.pack_into(buf, p, prepared_offset)
+
+
 def record_properties_text(buf) -> str:
     """The raw property string of an encoded record (no other field is decoded)."""
     try:

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from halfmq.protocol import properties as P
 from halfmq.protocol.codes import ResponseCode, SysFlag
-from halfmq.protocol.message import MessageRecord, decode_record, encode_record, tags_hash
+from halfmq.protocol.message import (MessageRecord, decode_record, encode_record, mark_committed,
+                                     record_properties_text, rewrite_record, tags_hash)
 from halfmq.store import PutRequest
 
 from ..errors import BrokerError
@@ -84,7 +85,8 @@ class TransactionStates:
             wctx.put_half(result.physical_offset, {
                 "state": PREPARED, "group": pgroup, "topic": real_topic, "queue_id": real_qid, "uniq": uniq,
                 "queue_offset": result.queue_offset, "store_ts": result.store_timestamp, "checks": 0,
-                "due": due, "client_id": client_id, "size": result.size})
+                "due": due, "client_id": client_id, "size": result.size, "tags_code": request.tags_code,
+                "keys": props.get(P.KEYS)})
             wctx.add_due(due, result.physical_offset)
             return result, due
 
@@ -114,7 +116,6 @@ class TransactionStates:
                       from_check: bool) -> tuple:
         """As decide, without a coroutine: (store future, finish) where finish(value) gives the outcome."""
         wanted = _DECISION_STATE[decision]
-        store_host = self.ctx.store_host
 
         def write(wctx):
             state = wctx.get_half(half_offset)
@@ -132,8 +133,7 @@ class TransactionStates:
                                   f"the transaction is already {current}; {wanted} refused")
             committed_offset = None
             if wanted == COMMITTED:
-                raw = wctx.read_record(half_offset)
-                result = wctx.put_message(committed_request(decode_record(raw), half_offset, store_host))
+                result = wctx.put_message(committed_request(wctx.read_record(half_offset), half_offset, state))
                 committed_offset = result.physical_offset
                 state["committed_offset"] = committed_offset
             if current == PREPARED:
@@ -205,13 +205,9 @@ class TransactionStates:
         return due
 
 
-def committed_request(half: MessageRecord, half_offset: int, store_host: str) -> PutRequest:
-    """The real-topic record of a committed half (reference §5.3 step 6: the full property set is kept)."""
-    props = half.properties
-    half.topic = props.get(P.REAL_TOPIC, half.topic)
-    half.queue_id = int(props.get(P.REAL_QID, "0"))
-    half.sys_flag = (half.sys_flag & ~SysFlag.TRANSACTION_MASK) | SysFlag.TRANSACTION_COMMIT_TYPE
-    half.prepared_transaction_offset = half_offset
-    half.store_host = store_host
-    return PutRequest(half.topic, half.queue_id, encode_record(half), tags_hash(props.get(P.TAGS)), True,
-                      props.get(P.KEYS))
+def committed_request(raw: bytes, half_offset: int, state: dict) -> PutRequest:
+    """The real-topic record of a committed half (reference §5.3 step 6: the full property set is kept), made
+    from the stored half by rewriting topic, queue, transaction type and preparedTransactionOffset."""
+    record = rewrite_record(raw, state["topic"], state["queue_id"], record_properties_text(raw))
+    mark_committed(record, half_offset)
+    return PutRequest(state["topic"], state["queue_id"], record, state.get("tags_code", 0), True, state.get("keys"))
