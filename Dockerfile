@@ -2,7 +2,9 @@
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
-    HALFMQ_storePathRootDir=/var/lib/halfmq
+    PATH=/opt/halfmq/.venv/bin:$PATH \
+    HALFMQ_storePathRootDir=/var/lib/halfmq \
+    HALFMQ_aclConfigFile=/etc/halfmq/plain_acl.yml
 WORKDIR /opt/halfmq
 COPY pyproject.toml README.md ./
 COPY broker broker
@@ -10,15 +12,16 @@ COPY protocol protocol
 COPY store store
 COPY client client
 COPY conf conf
-# The same install the set-up scripts run, into the image's interpreter.
-RUN python -m pip install --no-cache-dir . \
+COPY scripts scripts
+# The same install step the README's commands and the tests run (.venv with halfmq in it).
+RUN bash scripts/bootstrap.sh \
     && useradd --system --home-dir /var/lib/halfmq --create-home halfmq \
-    && mkdir -p /etc/halfmq && cp conf/broker.conf /etc/halfmq/broker.conf && chown -R halfmq /etc/halfmq
+    && mkdir -p /etc/halfmq && cp conf/broker.conf conf/plain_acl.yml /etc/halfmq/ && chown -R halfmq /etc/halfmq
 
 USER halfmq
 VOLUME ["/var/lib/halfmq", "/etc/halfmq"]
 EXPOSE 9876 10911 5557
-# Healthy when the broker answers on its port (a TCP connect is enough: it only listens once ready).
+# Healthy when the broker answers on its port (it listens only once the store is open and services run).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
     CMD python -c "import socket; socket.create_connection(('127.0.0.1', 10911), 2).close()"
 ENTRYPOINT ["halfmq", "broker", "-c", "/etc/halfmq/broker.conf"]

@@ -1,0 +1,47 @@
+"""The broker started the way the Docker image starts it: the `halfmq` console script, `-c broker.conf`,
+settings from HALFMQ_ environment variables, stopped by SIGTERM (docker stop)."""
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+from halfmq.client import Message, Producer, PullConsumer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+async def test_console_script_with_conf_and_environment(tmp_path):
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    shutil.copy(ROOT / "conf" / "broker.conf", etc / "broker.conf")
+    env = {**os.environ, "HALFMQ_storePathRootDir": str(tmp_path / "store"), "HALFMQ_bindAddress": "127.0.0.1",
+           "HALFMQ_listenPort": "0", "HALFMQ_namesrvListenPort": "0", "HALFMQ_metricsPromExporterPort": "0",
+           "HALFMQ_brokerIP1": "127.0.0.1"}
+    halfmq = Path(sys.executable).with_name("halfmq")
+    proc = await asyncio.create_subprocess_exec(str(halfmq), "broker", "-c", str(etc / "broker.conf"), env=env,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    try:
+        while True:
+            line = await asyncio.wait_for(proc.stdout.readline(), 30)
+            assert line, "the broker exited before it was ready"
+            match = re.search(rb"halfmq ready: broker (\S+) namesrv (\S+)", line)
+            if match:
+                namesrv = match.group(2).decode()
+                break
+        async with Producer("PG", namesrv) as producer, PullConsumer("CG", namesrv) as consumer:
+            result = await producer.send(Message("Docker", b"from the entry point"))
+            assert result.offset_msg_id.startswith("7F000001")  # brokerIP1 is what ids and routes carry
+            assert [m.body for m in (await consumer.pull(result.queue, 0)).messages] == [b"from the entry point"]
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), 30)
+        assert proc.returncode == 0
+        assert (tmp_path / "store" / "lmdb").is_dir()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
