@@ -2,5 +2,5 @@
 # Runs the whole test suite (unit, broker, client, C++ client interoperability), installing what it needs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/bootstrap.sh test
+bash scripts/bootstrap.sh test,pipeline
 exec .venv/bin/python -m pytest -q "$@"

@@ -1,0 +1,267 @@
+"""The "halfmq" Spark data source (PySpark's Python Data Source API).
+
+Options follow Spark's Kafka source where the meaning matches: ``namesrv``, ``subscribe`` (comma-separated
+topics), ``startingOffsets`` / ``endingOffsets`` (``earliest``, ``latest`` or JSON ``{"topic": {"0": 42}}``),
+``maxOffsetsPerTrigger``, ``failOnDataLoss``, plus ``tags`` (a tag expression). Sink options: ``topic`` (when
+the rows have no topic column), ``producerGroup``, ``sinkId`` (idempotency: a batch already committed under the
+same sinkId and batch id is never published again). Option keys arrive lower-cased.
+
+Only committed messages are ever read: half messages live in the broker's half topic until committed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStreamReader, DataSourceStreamWriter,
+                                    DataSourceWriter, InputPartition, WriterCommitMessage)
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
+
+from . import broker_io
+
+SCHEMA = ("topic string, queue_id int, queue_offset long, msg_id string, keys string, tags string, body binary, "
+          "properties map<string,string>, born_timestamp timestamp, store_timestamp timestamp")
+BROKER_NAME = "broker-a"
+
+
+class OptionError(ValueError):
+    """A data source option is missing or malformed; the message names it."""
+
+
+def _options(raw) -> dict[str, str]:
+    return {str(k).lower(): str(v) for k, v in raw.items()}
+
+
+def _topics(options: dict[str, str]) -> list[str]:
+    topics = [t.strip() for t in options.get("subscribe", "").split(",") if t.strip()]
+    if not topics:
+        raise OptionError("option 'subscribe' (comma-separated topics) is required to read")
+    return topics
+
+
+def _namesrv(options: dict[str, str]) -> str:
+    if not options.get("namesrv"):
+        raise OptionError("option 'namesrv' (the name server address, host:port) is required")
+    return options["namesrv"]
+
+
+@dataclass
+class QueueRange(InputPartition):
+    topic: str
+    queue_id: int
+    start: int
+    end: int
+
+
+def _resolve(spec, bounds: dict[str, dict[int, tuple[int, int]]], which: str, fail_on_data_loss: bool
+             ) -> dict[str, dict[str, int]]:
+    """Offsets JSON (string queue keys) for every queue, from earliest/latest/explicit JSON."""
+    out: dict[str, dict[str, int]] = {}
+    for topic, queues in bounds.items():
+        out[topic] = {}
+        for queue_id, (low, high) in queues.items():
+            if spec == "earliest":
+                value = low
+            elif spec == "latest":
+                value = high
+            else:
+                value = spec.get(topic, {}).get(queue_id, low if which == "start" else high)
+                if value < low:
+                    if fail_on_data_loss:
+                        raise OptionError(f"{which} offset {value} of {topic}/{queue_id} is no longer available "
+                                          f"(the queue starts at {low}); set failOnDataLoss=false to skip ahead")
+                    value = low
+            out[topic][str(queue_id)] = value
+    return out
+
+
+def _partitions(start: dict, end: dict) -> list[QueueRange]:
+    parts = []
+    for topic, queues in end.items():
+        for queue_id, stop in queues.items():
+            begin = start.get(topic, {}).get(queue_id, 0)
+            if stop > begin:
+                parts.append(QueueRange(topic, int(queue_id), begin, stop))
+    return parts
+
+
+class HalfmqDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "halfmq"
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def reader(self, schema) -> "HalfmqBatchReader":
+        return HalfmqBatchReader(_options(self.options))
+
+    def streamReader(self, schema) -> "HalfmqStreamReader":
+        return HalfmqStreamReader(_options(self.options))
+
+    def writer(self, schema, overwrite: bool) -> "HalfmqWriter":
+        return HalfmqWriter(_options(self.options))
+
+    def streamWriter(self, schema, overwrite: bool) -> "HalfmqStreamWriter":
+        return HalfmqStreamWriter(_options(self.options))
+
+
+class _Reading:
+    def __init__(self, options: dict[str, str]):
+        self.options = options
+        self.namesrv = _namesrv(options)
+        self.topics = _topics(options)
+        self.tags = options.get("tags", "*") or "*"
+        self.fail_on_data_loss = options.get("failondataloss", "true").lower() != "false"
+
+    def read(self, partition: QueueRange):
+        yield from broker_io.read_range(self.namesrv, partition.topic, BROKER_NAME, partition.queue_id,
+                                        partition.start, partition.end, self.tags)
+
+
+class HalfmqBatchReader(_Reading, DataSourceReader):
+    def partitions(self):
+        bounds = broker_io.queue_bounds(self.namesrv, self.topics)
+        start = _resolve(broker_io.parse_offsets(self.options.get("startingoffsets"), "earliest"), bounds, "start",
+                         self.fail_on_data_loss)
+        end = _resolve(broker_io.parse_offsets(self.options.get("endingoffsets"), "latest"), bounds, "end", False)
+        return _partitions(start, end)
+
+
+class HalfmqStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Offsets are JSON {"topic": {"queueId": next offset}}; one partition per queue with new data.
+    With trigger(availableNow=True) the query stops at the offsets that were the latest when it started."""
+
+    def __init__(self, options: dict[str, str]):
+        super().__init__(options)
+        self.target: dict | None = None
+        text = options.get("maxoffsetspertrigger")
+        try:
+            self.max_per_trigger = int(text) if text else None
+        except ValueError:
+            raise OptionError(f"option 'maxOffsetsPerTrigger' is not an integer: {text!r}") from None
+
+    def _bounds(self):
+        return broker_io.queue_bounds(self.namesrv, self.topics)
+
+    def initialOffset(self) -> dict:
+        return _resolve(broker_io.parse_offsets(self.options.get("startingoffsets"), "latest"), self._bounds(),
+                        "start", self.fail_on_data_loss)
+
+    def getDefaultReadLimit(self):
+        return ReadMaxRows(self.max_per_trigger) if self.max_per_trigger else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.target = _resolve("latest", self._bounds(), "end", False)
+
+    def latestOffset(self, start: dict, limit) -> dict:
+        latest = self.target if self.target is not None else _resolve("latest", self._bounds(), "end", False)
+        if not isinstance(limit, ReadMaxRows):
+            return latest
+        budget = limit.max_rows
+        capped: dict[str, dict[str, int]] = {t: dict(q) for t, q in start.items()}
+        # Fill queues round robin so one busy queue cannot starve the others.
+        pending = [(t, q, start.get(t, {}).get(q, 0), hi) for t, qs in latest.items() for q, hi in qs.items()]
+        while budget > 0 and pending:
+            share = max(1, budget // len(pending))
+            still = []
+            for topic, queue, pos, high in pending:
+                take = min(share, high - pos, budget)
+                if take > 0:
+                    pos += take
+                    budget -= take
+                capped.setdefault(topic, {})[queue] = pos
+                if pos < high:
+                    still.append((topic, queue, pos, high))
+            pending = still
+        for topic, queues in latest.items():  # new queues appear at their start
+            for queue in queues:
+                capped.setdefault(topic, {}).setdefault(queue, start.get(topic, {}).get(queue, 0))
+        return capped
+
+    def partitions(self, start: dict, end: dict):
+        return _partitions(start, end)
+
+    def commit(self, end: dict) -> None:
+        """Nothing to do: progress lives in Spark's checkpoint."""
+
+
+class HalfmqCommit(WriterCommitMessage):
+    def __init__(self, halves: list):
+        self.halves = halves
+
+
+class _Writing:
+    def __init__(self, options: dict[str, str]):
+        self.namesrv = _namesrv(options)
+        self.topic = options.get("topic")
+        self.group = options.get("producergroup", "halfmq-spark-sink")
+        self.sink_id = options.get("sinkid")
+
+    def _messages(self, rows, partition_tag: str):
+        from halfmq.client import Message
+
+        out = []
+        for index, row in enumerate(rows):
+            values = row.asDict()
+            topic = values.get("topic") or self.topic
+            if not topic:
+                raise OptionError("rows need a 'topic' column or the sink needs option 'topic'")
+            body = values.get("body")
+            if body is None:
+                raise OptionError("rows need a 'body' column")
+            props = dict(values.get("properties") or {})
+            props["HALFMQ_IDEMPOTENCY_KEY"] = f"{partition_tag}-{index}"
+            out.append(Message(topic, bytes(body) if not isinstance(body, str) else body.encode(),
+                               tags=values.get("tags"), keys=values.get("keys"), properties=props))
+        return out
+
+    def _write(self, iterator, partition_tag: str) -> HalfmqCommit:
+        return HalfmqCommit(broker_io.send_halves(self.namesrv, self.group, self._messages(iterator, partition_tag)))
+
+    def _end(self, messages, commit: bool) -> None:
+        halves = [h for m in messages if m is not None for h in m.halves]
+        if halves:
+            broker_io.end_halves(self.namesrv, self.group, halves, commit)
+
+
+class HalfmqWriter(_Writing, DataSourceWriter):
+    """Each task stores its rows as half messages; commit() publishes them all, abort() none."""
+
+    def write(self, iterator) -> HalfmqCommit:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        tag = f"batch-{ctx.stageId()}-{ctx.partitionId()}-{ctx.attemptNumber()}" if ctx else "batch"
+        return self._write(iterator, tag)
+
+    def commit(self, messages) -> None:
+        self._end(messages, True)
+
+    def abort(self, messages) -> None:
+        self._end(messages, False)
+
+
+class HalfmqStreamWriter(_Writing, DataSourceStreamWriter):
+    """Per micro-batch: halves from every task, then one commit or abort. With ``sinkId`` a batch id that was
+    already committed (a replay after a driver crash) is rolled back instead of published twice."""
+
+    def write(self, iterator) -> HalfmqCommit:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        tag = f"{self.sink_id or 'stream'}-{ctx.partitionId() if ctx else 0}-{ctx.attemptNumber() if ctx else 0}"
+        return self._write(iterator, tag)
+
+    def commit(self, messages, batchId: int) -> None:
+        if self.sink_id and broker_io.batch_committed(self.namesrv, self.sink_id, batchId):
+            self._end(messages, False)
+            return
+        self._end(messages, True)
+        if self.sink_id:
+            broker_io.mark_batch_committed(self.namesrv, self.group, self.sink_id, batchId)
+
+    def abort(self, messages, batchId: int) -> None:
+        self._end(messages, False)
+
+
+__all__ = ["HalfmqDataSource", "SCHEMA", "OptionError"]
