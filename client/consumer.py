@@ -95,6 +95,19 @@ class PullConsumer:
         Raises:
             BrokerError: any other response than found / no new / no matched / offset illegal.
         """
+        status, next_offset, low, high, body = await self.pull_raw(queue, offset, max_nums, expression, suspend_ms,
+                                                                   timeout, commit_offset)
+        messages = decode_records(body) if body else []
+        tags = parse_expression(expression)
+        if tags is not None:  # the broker filters by hash code; collisions are removed here
+            messages = [m for m in messages if m.properties.get("TAGS") in tags]
+        return PullResult(status, next_offset, low, high, messages)
+
+    async def pull_raw(self, queue: MessageQueue, offset: int, max_nums: int = 32, expression: str = "*",
+                       suspend_ms: int = 0, timeout: float | None = None, commit_offset: int | None = None
+                       ) -> tuple[PullStatus, int, int, int, bytes]:
+        """As pull, but the messages stay encoded: (status, next offset, min offset, max offset, stored records
+        as one bytes object). For readers with their own decoder; tags are filtered by hash only."""
         sys_flag = PullSysFlag.SUBSCRIPTION
         if suspend_ms:
             sys_flag |= PullSysFlag.SUSPEND
@@ -111,12 +124,8 @@ class PullConsumer:
         except ValueError:
             raise error_for(resp.code, resp.remark) from None
         ext = resp.ext_fields
-        messages = decode_records(resp.body) if status is PullStatus.FOUND else []
-        tags = parse_expression(expression)
-        if tags is not None:  # the broker filters by hash code; collisions are removed here
-            messages = [m for m in messages if m.properties.get("TAGS") in tags]
-        return PullResult(status, int(ext.get("nextBeginOffset", offset)), int(ext.get("minOffset", 0)),
-                          int(ext.get("maxOffset", 0)), messages)
+        return (status, int(ext.get("nextBeginOffset", offset)), int(ext.get("minOffset", 0)),
+                int(ext.get("maxOffset", 0)), resp.body if status is PullStatus.FOUND else b"")
 
     async def query_offset(self, queue: MessageQueue) -> int | None:
         """The group's stored offset for ``queue``, or None when the broker has none."""

@@ -22,6 +22,7 @@ class Message:
         properties: user properties (names must not be reserved keys).
         delay_level: 1..18 to deliver after that level's delay; 0 = now.
         flag: user flag stored with the message.
+        check_immunity_seconds: transactional messages only: no check-back before this many seconds.
     """
 
     topic: str
@@ -31,6 +32,7 @@ class Message:
     properties: dict[str, str] = field(default_factory=dict)
     delay_level: int = 0
     flag: int = 0
+    check_immunity_seconds: int | None = None
 
     def __post_init__(self):
         if isinstance(self.body, str):
@@ -47,6 +49,8 @@ class Message:
             props[P.KEYS] = self.keys
         if self.delay_level:
             props[P.DELAY] = str(self.delay_level)
+        if self.check_immunity_seconds is not None:
+            props[P.CHECK_IMMUNITY_TIME_IN_SECONDS] = str(self.check_immunity_seconds)
         props[P.UNIQ_KEY] = uniq_key
         props[P.WAIT] = "true"
         if extra:

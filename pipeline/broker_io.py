@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import struct
 from dataclasses import dataclass
 
 import pyarrow as pa
 
 from halfmq.client import LocalTransactionState, Message, MessageQueue, PullConsumer, PullStatus, TransactionProducer
 from halfmq.client.admin import Admin
+from halfmq.client.consumer import parse_expression
 from halfmq.protocol.codes import RequestCode
 
 READER_GROUP = "halfmq-spark-reader"
@@ -34,38 +36,82 @@ def queue_bounds(namesrv: str, topics: list[str]) -> dict[str, dict[int, tuple[i
     return asyncio.run(run())
 
 
-def _to_batch(messages) -> pa.RecordBatch:
-    cols = {name: [] for name in ARROW_SCHEMA.names}
-    for m in messages:
-        cols["topic"].append(m.topic)
-        cols["queue_id"].append(m.queue_id)
-        cols["queue_offset"].append(m.queue_offset)
-        cols["msg_id"].append(m.msg_id)
-        cols["keys"].append(m.properties.get("KEYS"))
-        cols["tags"].append(m.properties.get("TAGS"))
-        cols["body"].append(m.body)
-        cols["properties"].append(list(m.properties.items()))
-        cols["born_timestamp"].append(m.born_timestamp * 1000)
-        cols["store_timestamp"].append(m.store_timestamp * 1000)
-    return pa.RecordBatch.from_arrays([pa.array(cols[f.name], f.type) for f in ARROW_SCHEMA], schema=ARROW_SCHEMA)
+_HEAD = struct.Struct(">iIiiiqqiq")
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+_U16 = struct.Struct(">H")
+
+
+def records_to_batch(buf: bytes, end: int, tags: set[str] | None) -> tuple[pa.RecordBatch | None, int]:
+    """Stored records (a pull body) straight into Arrow columns, skipping offsets >= ``end`` and tags not in
+    ``tags``; returns the batch and the last queue offset seen. Decodes only what the schema needs."""
+    cols: dict[str, list] = {name: [] for name in ARROW_SCHEMA.names}
+    pos, size, last = 0, len(buf), -1
+    view = memoryview(buf)
+    while pos < size:
+        (total, _magic, _crc, queue_id, _flag, queue_offset, physical, sys_flag, born) = _HEAD.unpack_from(buf, pos)
+        last = queue_offset
+        p = pos + 48 + (20 if sys_flag & 0x10 else 8)
+        (stored,) = _I64.unpack_from(buf, p)
+        host_len = 20 if sys_flag & 0x20 else 8
+        store_host = buf[p + 8:p + 8 + host_len]
+        p += 8 + host_len + 12
+        (body_len,) = _I32.unpack_from(buf, p)
+        body = bytes(view[p + 4:p + 4 + body_len])
+        p += 4 + body_len
+        if _magic == 0xDAA320AB:
+            (topic_len,) = _U16.unpack_from(buf, p)
+            p += 2
+        else:
+            topic_len = buf[p]
+            p += 1
+        topic = bytes(view[p:p + topic_len]).decode()
+        p += topic_len
+        (props_len,) = _U16.unpack_from(buf, p)
+        props = {}
+        for segment in bytes(view[p + 2:p + 2 + props_len]).decode().split("\x02"):
+            name, sep, value = segment.partition("\x01")
+            if sep and name and value:
+                props[name] = value
+        pos += total
+        if queue_offset >= end or (tags is not None and props.get("TAGS") not in tags):
+            continue
+        cols["topic"].append(topic)
+        cols["queue_id"].append(queue_id)
+        cols["queue_offset"].append(queue_offset)
+        cols["msg_id"].append(props.get("UNIQ_KEY") or (store_host + _I64.pack(physical)).hex().upper())
+        cols["keys"].append(props.get("KEYS"))
+        cols["tags"].append(props.get("TAGS"))
+        cols["body"].append(body)
+        cols["properties"].append(list(props.items()))
+        cols["born_timestamp"].append(born * 1000)
+        cols["store_timestamp"].append(stored * 1000)
+    if not cols["topic"]:
+        return None, last
+    return pa.RecordBatch.from_arrays([pa.array(cols[f.name], f.type) for f in ARROW_SCHEMA],
+                                      schema=ARROW_SCHEMA), last
 
 
 def read_range(namesrv: str, topic: str, broker_name: str, queue_id: int, start: int, end: int,
                tags: str = "*"):
     """Arrow record batches of the messages of one queue with start <= offset < end."""
+    wanted = parse_expression(tags)
+
     async def run():
         batches = []
         async with PullConsumer(READER_GROUP, namesrv) as consumer:
             queue = MessageQueue(topic, broker_name, queue_id)
             offset = start
             while offset < end:
-                result = await consumer.pull(queue, offset, min(PULL_BATCH, end - offset), tags)
-                messages = [m for m in result.messages if m.queue_offset < end]
-                if messages:
-                    batches.append(_to_batch(messages))
-                if result.status is PullStatus.OFFSET_ILLEGAL or result.next_begin_offset <= offset:
+                status, next_offset, _low, _high, body = await consumer.pull_raw(
+                    queue, offset, min(PULL_BATCH, end - offset), tags)
+                if body:
+                    batch, _last = records_to_batch(body, end, wanted)
+                    if batch is not None:
+                        batches.append(batch)
+                if status is PullStatus.OFFSET_ILLEGAL or next_offset <= offset:
                     break
-                offset = result.next_begin_offset
+                offset = next_offset
         return batches
     return asyncio.run(run())
 
@@ -82,14 +128,20 @@ class HalfRecord:
     offset_msg_id: str
 
 
+#: Sink halves are not checked before this many seconds (CHECK_IMMUNITY_TIME_IN_SECONDS): no job runs longer, so
+#: a half still undecided then belongs to a job that died between a task's write and the job's commit or abort.
+SINK_IMMUNITY_SECONDS = 3600
+
+
 class _NoLocalDecision:
-    """Sink halves are decided by the job's commit or abort, never by a local transaction or a check."""
+    """Sink halves are decided by the job's commit or abort. A check-back (only after SINK_IMMUNITY_SECONDS)
+    can only concern an orphan of a dead job: roll it back."""
 
     def execute_local_transaction(self, msg, arg):
         return LocalTransactionState.UNKNOW
 
     def check_local_transaction(self, msg):
-        return LocalTransactionState.UNKNOW
+        return LocalTransactionState.ROLLBACK_MESSAGE
 
 
 def send_halves(namesrv: str, group: str, messages: list[Message]) -> list[HalfRecord]:

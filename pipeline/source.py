@@ -212,7 +212,8 @@ class _Writing:
             props = dict(values.get("properties") or {})
             props["HALFMQ_IDEMPOTENCY_KEY"] = f"{partition_tag}-{index}"
             out.append(Message(topic, bytes(body) if not isinstance(body, str) else body.encode(),
-                               tags=values.get("tags"), keys=values.get("keys"), properties=props))
+                               tags=values.get("tags"), keys=values.get("keys"), properties=props,
+                               check_immunity_seconds=broker_io.SINK_IMMUNITY_SECONDS))
         return out
 
     def _write(self, iterator, partition_tag: str) -> HalfmqCommit:

@@ -1,0 +1,76 @@
+"""Messages/s from the broker into Spark: a batch read of a pre-filled topic into the `noop` sink.
+
+    python scripts/bench_spark.py --messages 300000 --size 1024
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from halfmq.broker.config import build_config  # noqa: E402
+from halfmq.broker.server import Broker  # noqa: E402
+from halfmq.client import Message, MessageQueue, Producer  # noqa: E402
+
+
+def start_broker(store: str) -> tuple[Broker, asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    broker = Broker(build_config({"bindAddress": "127.0.0.1", "listenPort": 0, "namesrvListenPort": 0,
+                                  "metricsPromExporterPort": -1, "storePathRootDir": store, "logLevel": "WARNING"}))
+    asyncio.run_coroutine_threadsafe(broker.start(), loop).result(30)
+    return broker, loop
+
+
+async def fill(namesrv: str, topic: str, count: int, size: int, queues: int) -> None:
+    body = os.urandom(size)
+    per_batch = max(1, (1 << 20) // (size + 200))
+    async with Producer("BENCH_SPARK", namesrv) as producer:
+        async def one(queue_id: int, n: int):
+            queue = MessageQueue(topic, "broker-a", queue_id)
+            for start in range(0, n, per_batch):
+                await producer.send_batch([Message(topic, body)] * min(per_batch, n - start), queue)
+        await producer.send(Message(topic, body))
+        await asyncio.gather(*(one(q, count // queues) for q in range(queues)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=300_000)
+    parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument("--queues", type=int, default=4)
+    args = parser.parse_args()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    broker, _loop = start_broker(tempfile.mkdtemp(prefix="halfmq-bench-spark-"))
+    started = time.perf_counter()
+    asyncio.run(fill(broker.namesrv_addr, "SparkBench", args.messages, args.size, args.queues))
+    total = sum(broker.store.max_offset("SparkBench", q) for q in range(args.queues))
+    print(f"filled {total:,} messages in {time.perf_counter() - started:.1f} s", flush=True)
+
+    from pyspark.sql import SparkSession
+
+    from halfmq.pipeline import register
+
+    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+             .config("spark.driver.bindAddress", "127.0.0.1").getOrCreate())
+    register(spark)
+    df = spark.read.format("halfmq").option("namesrv", broker.namesrv_addr).option("subscribe", "SparkBench").load()
+    df.write.format("noop").mode("overwrite").save()  # warm-up: JVM, Python workers
+    started = time.perf_counter()
+    df.write.format("noop").mode("overwrite").save()
+    elapsed = time.perf_counter() - started
+    print(f"SUMMARY mode=spark messages={total} size={args.size} seconds={elapsed:.2f} "
+          f"msgs_per_s={total / elapsed:,.0f}", flush=True)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
