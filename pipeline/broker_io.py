@@ -13,6 +13,7 @@ from halfmq.client import LocalTransactionState, Message, MessageQueue, PullCons
 from halfmq.client.admin import Admin
 from halfmq.client.consumer import parse_expression
 from halfmq.protocol.codes import RequestCode
+from halfmq.protocol.properties import decode_properties
 
 READER_GROUP = "halfmq-spark-reader"
 PULL_BATCH = 1000
@@ -68,11 +69,7 @@ def records_to_batch(buf: bytes, end: int, tags: set[str] | None) -> tuple[pa.Re
         topic = bytes(view[p:p + topic_len]).decode()
         p += topic_len
         (props_len,) = _U16.unpack_from(buf, p)
-        props = {}
-        for segment in bytes(view[p + 2:p + 2 + props_len]).decode().split("\x02"):
-            name, sep, value = segment.partition("\x01")
-            if sep and name and value:
-                props[name] = value
+        props = decode_properties(bytes(view[p + 2:p + 2 + props_len]).decode())
         pos += total
         if queue_offset >= end or (tags is not None and props.get("TAGS") not in tags):
             continue
