@@ -100,6 +100,8 @@ def transactions(args):
         all_checked.wait(args["timeout"])
     with lock:
         emit({"sent": sent, "checks": checks})
+    if args.get("hold"):
+        sys.stdin.read()  # keep answering checks until the test saw every half decided and closed our stdin
     os._exit(0)
 
 

@@ -37,6 +37,35 @@ def offsets_caught_up(broker, group: str, topic: str):
     return wait
 
 
+def halves_all_decided(broker):
+    """A coroutine function returning once the broker holds no pending half message.
+
+    Wakes on each applied decision (instrumentation around the broker's real transaction states), never polls:
+    the peer must stay alive until then, since the C++ client answers a check only after our listener returned."""
+    states = broker.ctx.transactions
+    decided = asyncio.Event()
+    original = states.submit_decide
+
+    def submit_decide(*a, **kw):
+        future, finish = original(*a, **kw)
+
+        def finish_and_signal(value):
+            outcome = finish(value)
+            decided.set()
+            return outcome
+
+        return future, finish_and_signal
+
+    states.submit_decide = submit_decide
+
+    async def wait():
+        while broker.store.pending_halves_count():
+            decided.clear()
+            await decided.wait()
+
+    return wait
+
+
 def expected(i: int, prefix: str = "") -> dict:
     return {"topic": "InteropTopic", "tags": f"tag{i % 3}", "keys": f"{prefix}key{i}", "body": f"{prefix}body-{i}",
             "idx": str(i), "prefix": prefix}
@@ -78,7 +107,8 @@ PLAN = [{"local": "commit", "check": "rollback"}, {"local": "rollback", "check":
 async def test_transactions_commit_rollback_and_check_back(broker_factory, run_peer):
     broker = await broker_factory(transactionTimeOut=1000, transactionCheckInterval=1000)
     (tx,) = await run_peer("tx", {"namesrv": broker.namesrv_addr, "group": "PG_TX_INTEROP", "topic": "InteropTopic",
-                                  "plan": PLAN, "timeout": 30})
+                                  "plan": PLAN, "timeout": 30},
+                          until=halves_all_decided(broker))
     assert [s["status"] for s in tx["sent"]] == [0] * len(PLAN)
     unknown = [i for i, p in enumerate(PLAN) if p["local"] == "unknown"]
     first_check = {}
