@@ -37,13 +37,14 @@ def offsets_caught_up(broker, group: str, topic: str):
     return wait
 
 
-def halves_all_decided(broker):
-    """A coroutine function returning once the broker holds no pending half message.
+def halves_all_decided(broker, count: int):
+    """A coroutine function returning once the broker holds ``count`` half messages and none is pending.
 
-    Wakes on each applied decision (instrumentation around the broker's real transaction states), never polls:
-    the peer must stay alive until then, since the C++ client answers a check only after our listener returned."""
+    Wakes on each stored half and each applied decision (instrumentation around the broker's real transaction
+    states), never polls: the peer must stay alive until then, since the C++ client answers a check only after
+    our listener returned. Counting the halves matters: before the peer's first send nothing is pending either."""
     states = broker.ctx.transactions
-    decided = asyncio.Event()
+    changed = asyncio.Event()
     original = states.submit_decide
 
     def submit_decide(*a, **kw):
@@ -51,17 +52,21 @@ def halves_all_decided(broker):
 
         def finish_and_signal(value):
             outcome = finish(value)
-            decided.set()
+            changed.set()
             return outcome
 
         return future, finish_and_signal
 
     states.submit_decide = submit_decide
+    states.on_prepared.append(lambda _due: changed.set())
+
+    def done() -> bool:
+        return sum(1 for _ in broker.store.iter_halves()) >= count and not broker.store.pending_halves_count()
 
     async def wait():
-        while broker.store.pending_halves_count():
-            decided.clear()
-            await decided.wait()
+        while not done():
+            changed.clear()
+            await changed.wait()
 
     return wait
 
@@ -108,7 +113,7 @@ async def test_transactions_commit_rollback_and_check_back(broker_factory, run_p
     broker = await broker_factory(transactionTimeOut=1000, transactionCheckInterval=1000)
     (tx,) = await run_peer("tx", {"namesrv": broker.namesrv_addr, "group": "PG_TX_INTEROP", "topic": "InteropTopic",
                                   "plan": PLAN, "timeout": 30},
-                          until=halves_all_decided(broker))
+                          until=halves_all_decided(broker, len(PLAN)))
     assert [s["status"] for s in tx["sent"]] == [0] * len(PLAN)
     unknown = [i for i, p in enumerate(PLAN) if p["local"] == "unknown"]
     first_check = {}
