@@ -91,19 +91,16 @@ class RemotingCommand:
 
 
 def encode_json_header(cmd: RemotingCommand) -> bytes:
-    header = {
-        "code": cmd.code,
-        "language": _LANG_NAME.get(cmd.language, "JAVA"),
-        "version": cmd.version,
-        "opaque": cmd.opaque,
-        "flag": cmd.flag,
-        "serializeTypeCurrentRPC": "JSON",
-    }
+    # Formatted by hand: every response and check-back goes through here, and only the remark and extFields
+    # need the JSON encoder (the other fields are integers and fixed names).
+    text = (f'{{"code":{int(cmd.code)},"language":"{_LANG_NAME.get(cmd.language, "JAVA")}",'
+            f'"version":{int(cmd.version)},"opaque":{int(cmd.opaque)},"flag":{int(cmd.flag)},'
+            f'"serializeTypeCurrentRPC":"JSON"')
     if cmd.remark is not None:
-        header["remark"] = cmd.remark
+        text += ',"remark":' + _json_encode(cmd.remark)
     if cmd.ext_fields:
-        header["extFields"] = cmd.ext_fields
-    return _json_encode(header).encode()
+        text += ',"extFields":' + _json_encode(cmd.ext_fields)
+    return (text + "}").encode()
 
 
 def _int_field(obj: dict, name: str, default: int | None = None) -> int:
@@ -125,7 +122,7 @@ def _int_field(obj: dict, name: str, default: int | None = None) -> int:
 
 def decode_json_header(data: bytes, body: bytes) -> RemotingCommand:
     try:
-        obj = json.loads(data)
+        obj = json.loads(data.decode())  # str, not bytes: json.loads would first guess the encoding
     except (UnicodeDecodeError, ValueError) as exc:
         raise HeaderError(f"undecodable JSON header: {exc}") from None
     if not isinstance(obj, dict):

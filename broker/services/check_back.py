@@ -217,13 +217,26 @@ class CheckBackService:
         if raw is None:
             log.error("half message at %d is missing from the commit log", offset)
             return False
-        props = decode_properties(record_properties_text(raw))
-        props[P.TRANSACTION_CHECK_TIMES] = str(state["checks"] + 1)
         # The body is the half record shown as a message of its real topic and queue (reference §3.3).
-        body = rewrite_record(raw, state["topic"], state["queue_id"], encode_properties(props))
+        body = rewrite_record(raw, state["topic"], state["queue_id"],
+                              with_check_times(record_properties_text(raw), state["checks"] + 1))
         uniq = state["uniq"]
         header = {"tranStateTableOffset": str(state["queue_offset"]), "commitLogOffset": str(offset),
                   "msgId": uniq, "transactionId": uniq,
                   "offsetMsgId": create_offset_msg_id(self.ctx.store_host, offset)}
         return channel.send_request(RemotingCommand(RequestCode.CHECK_TRANSACTION_STATE, flag=FLAG_ONEWAY,
                                                     ext_fields=header, body=bytes(body)))
+
+
+def with_check_times(properties_text: str, checks: int) -> str:
+    """The property string with TRANSACTION_CHECK_TIMES set to ``checks``.
+
+    A pass does this for every due half, so the usual case (the property is not there yet) appends to the string
+    instead of parsing and rendering every property."""
+    if P.TRANSACTION_CHECK_TIMES + P.NAME_VALUE_SEPARATOR in properties_text:
+        props = decode_properties(properties_text)
+        props[P.TRANSACTION_CHECK_TIMES] = str(checks)
+        return encode_properties(props)
+    if properties_text and not properties_text.endswith(P.PROPERTY_SEPARATOR):
+        properties_text += P.PROPERTY_SEPARATOR
+    return f"{properties_text}{P.TRANSACTION_CHECK_TIMES}{P.NAME_VALUE_SEPARATOR}{checks}{P.PROPERTY_SEPARATOR}"

@@ -5,7 +5,9 @@ import asyncio
 
 from halfmq.protocol import properties as P
 from halfmq.protocol.codes import RequestCode, ResponseCode, SysFlag
+from halfmq.broker.services.check_back import with_check_times
 from halfmq.protocol.message import decode_offset_msg_id, decode_record, decode_records
+from halfmq.protocol.properties import decode_properties
 
 from tests.support.raw import RawClient
 
@@ -221,3 +223,12 @@ async def test_pending_halves_survive_restart_and_decided_ones_are_never_checked
     assert decode_record(check.body).body == b"pending"
     assert broker.store.get_half(decided)["state"] == "COMMITTED"
     c.close()
+
+
+def test_check_times_property_is_set_whatever_the_property_string_holds():
+    assert with_check_times("", 1) == "TRANSACTION_CHECK_TIMES\x011\x02"
+    assert decode_properties(with_check_times("KEYS\x01k\x02TAGS\x01t", 2)) == {
+        "KEYS": "k", "TAGS": "t", P.TRANSACTION_CHECK_TIMES: "2"}
+    replaced = with_check_times("TRANSACTION_CHECK_TIMES\x013\x02KEYS\x01k\x02", 4)
+    assert decode_properties(replaced) == {P.TRANSACTION_CHECK_TIMES: "4", "KEYS": "k"}
+    assert replaced.count(P.TRANSACTION_CHECK_TIMES) == 1
