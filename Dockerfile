@@ -11,6 +11,7 @@ COPY broker broker
 COPY protocol protocol
 COPY store store
 COPY client client
+COPY pipeline pipeline
 COPY conf conf
 COPY scripts scripts
 # The same install step the README's commands and the tests run (.venv with halfmq in it).

@@ -45,3 +45,14 @@ async def test_console_script_with_conf_and_environment(tmp_path):
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+def test_docker_image_copies_every_folder_the_install_needs():
+    """The image installs with `pip install -e .`, which fails when a package folder of pyproject is missing."""
+    import tomllib
+
+    package_dirs = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+                       .values())
+    copied = {line.split()[1] for line in (ROOT / "Dockerfile").read_text().splitlines() if line.startswith("COPY ")}
+    assert package_dirs <= copied, f"Dockerfile does not COPY {sorted(package_dirs - copied)}"
+    assert {"pyproject.toml", "scripts"} <= copied
