@@ -30,10 +30,11 @@ class EndTransactionProcessor:
         if h.commitOrRollback not in (COMMIT, ROLLBACK, UNKNOWN):
             raise HeaderError(f"commitOrRollback {h.commitOrRollback} is not 0, 8 or 12")
         if h.commitOrRollback == UNKNOWN:
-            # The reference sends no response for UNKNOWN, even to a two-way request; the half stays pending.
+            # The half stays pending. The reference never answers UNKNOWN; a two-way request is answered here all
+            # the same, so a client that waits for the reply is not left hanging until its timeout.
             log.debug("UNKNOW for half %d from %s (check=%s)", h.commitLogOffset, channel.remote,
                       h.fromTransactionCheck)
-            return None
+            return cmd.response(ResponseCode.SUCCESS, "the transaction stays pending")
         future, finish = self.ctx.transactions.submit_decide(h.commitLogOffset, h.producerGroup,
                                                              h.tranStateTableOffset, h.commitOrRollback,
                                                              bool(h.fromTransactionCheck))

@@ -93,8 +93,11 @@ async def test_end_transaction_validation(broker):
     assert missing.code == ResponseCode.SYSTEM_ERROR and "Find prepared" in missing.remark
     bad_value = await c.request(RequestCode.END_TRANSACTION, end_ext(r, offset, 5))
     assert bad_value.code == ResponseCode.SYSTEM_ERROR
-    # UNKNOWN gets no response at all, even two-way; the next request on the connection is still answered.
+    # UNKNOWN leaves the half pending; sent two-way it is answered (the reference would leave the caller hanging).
     c.oneway(RequestCode.END_TRANSACTION, end_ext(r, offset, 0))
+    unknown = await c.request(RequestCode.END_TRANSACTION, end_ext(r, offset, 0))
+    assert unknown.code == ResponseCode.SUCCESS and "pending" in unknown.remark
+    assert broker.store.get_half(offset)["state"] == "PREPARED"
     assert (await c.request(RequestCode.END_TRANSACTION, end_ext(r, offset, 8))).code == 0
     c.close()
 
