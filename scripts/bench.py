@@ -48,6 +48,7 @@ class Stats:
     count: int = 0
     errors: int = 0
     started: float = field(default_factory=time.perf_counter)
+    finished: float | None = None  #: end of the measured load; what follows (waiting out checks) is not timed
 
     def record(self, seconds: float) -> None:
         self.count += 1
@@ -61,7 +62,7 @@ class Stats:
               flush=True)
 
     def summary(self, **extra) -> float:
-        elapsed = time.perf_counter() - self.started
+        elapsed = (self.finished or time.perf_counter()) - self.started
         tps = self.count / elapsed
         fields = " ".join(f"{k}={v}" for k, v in extra.items())
         print(f"SUMMARY mode={self.name} tps={tps:,.0f} count={self.count} errors={self.errors} "
@@ -118,6 +119,7 @@ async def timed_loop(inflight: int, duration: float, op, stats: Stats) -> None:
     stop = asyncio.Event()
     rep = asyncio.get_running_loop().create_task(reporter(stats, stop))
     await asyncio.gather(*(worker() for _ in range(inflight)))
+    stats.finished = time.perf_counter()
     stop.set()
     await rep
 
@@ -209,12 +211,21 @@ class BenchListener:
         return answer
 
 
-def scrape_pending(metrics_addr: str | None) -> str:
+def scrape_pending(metrics_addr: str) -> int:
+    text = urllib.request.urlopen(f"http://{metrics_addr}/metrics", timeout=5).read().decode()
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("rocketmq_half_messages{")))
+
+
+async def settled_pending(metrics_addr: str | None) -> str:
+    """Pending halves once the last oneway END_TRANSACTIONs of the run reached the broker (at most 3 s)."""
     if not metrics_addr:
         return "?"
-    text = urllib.request.urlopen(f"http://{metrics_addr}/metrics", timeout=5).read().decode()
-    return str(int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                       if line.startswith("rocketmq_half_messages{"))))
+    pending, deadline = scrape_pending(metrics_addr), time.perf_counter() + 3
+    while pending and time.perf_counter() < deadline:
+        await asyncio.sleep(0.1)  # a benchmark waiting out its tail, not test synchronisation
+        pending = scrape_pending(metrics_addr)
+    return str(pending)
 
 
 async def run_transaction(args, namesrv: str, metrics_addr: str | None, name: str = "transaction") -> float:
@@ -234,12 +245,13 @@ async def run_transaction(args, namesrv: str, metrics_addr: str | None, name: st
                     and time.perf_counter() < deadline:
                 await asyncio.sleep(0.1)  # a benchmark waiting out its tail, not test synchronisation
         times = listener.resolve_times
+        pending = await settled_pending(metrics_addr)
         return stats.summary(size=args.size, inflight=args.inflight, checks=listener.checks,
                              unexpected_checks=listener.unexpected, duplicated_checks=listener.duplicated,
                              unknown=unknown, resolved=len(times),
                              unknown_to_decision_p50_ms=f"{percentile(times, 50) * 1000:.0f}",
                              unknown_to_decision_p99_ms=f"{percentile(times, 99) * 1000:.0f}",
-                             pending_halves=scrape_pending(metrics_addr))
+                             pending_halves=pending)
 
 
 async def main_async(args) -> None:
