@@ -1,13 +1,15 @@
 """asyncio.Protocol per connection: bytes → frames → commands → dispatcher, with backpressure.
 
 Reading pauses while a connection has too many requests in progress or while its write buffer is full, so a
-fast producer cannot make the broker buffer without bound.
+fast producer cannot make the broker buffer without bound. Frames that arrived in one read beyond the in-flight
+limit wait, decoded only once a request of the connection finished.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from collections import deque
 from typing import TYPE_CHECKING
 
 from halfmq.protocol.codes import ResponseCode
@@ -54,6 +56,7 @@ class BrokerProtocol(asyncio.Protocol):
         self.channel: Channel | None = None
         self._reading_paused = False
         self._writing_paused = False
+        self._backlog: deque = deque()  # frames read but not dispatched: the connection is at its in-flight limit
 
     # --- asyncio.Protocol ---
     def connection_made(self, transport) -> None:
@@ -70,6 +73,7 @@ class BrokerProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.connections.protocols.discard(self)
+        self._backlog.clear()
         if self.channel is not None:
             self.channel.closed = True
             self.dispatcher.channel_closed(self.channel)
@@ -85,17 +89,29 @@ class BrokerProtocol(asyncio.Protocol):
             log.warning("closing %s: %s", channel.remote, exc)
             self.transport.abort()
             return
-        for frame in frames:
-            try:
-                cmd = decode_command(frame)
-            except HeaderError as exc:
-                # Without a decodable header there is no opaque to answer to: the stream is unusable.
-                log.warning("closing %s: undecodable header: %s", channel.remote, exc)
-                self.transport.abort()
+        self._backlog.extend(frames)
+        self._dispatch_backlog()
+
+    def _dispatch_backlog(self) -> None:
+        """Dispatch waiting frames in order while the connection is under its in-flight limit."""
+        backlog = self._backlog
+        while backlog and self.inflight < self.max_inflight:
+            if not self._dispatch_frame(backlog.popleft()):
                 return
-            if cmd.is_response:
-                continue  # clients never answer the broker's oneway requests; ignore stray responses
+
+    def _dispatch_frame(self, frame) -> bool:
+        """Decode and dispatch one frame; False when the connection had to be closed."""
+        try:
+            cmd = decode_command(frame)
+        except HeaderError as exc:
+            # Without a decodable header there is no opaque to answer to: the stream is unusable.
+            log.warning("closing %s: undecodable header: %s", self.channel.remote, exc)
+            self._backlog.clear()
+            self.transport.abort()
+            return False
+        if not cmd.is_response:  # clients never answer the broker's oneway requests; ignore stray responses
             self.dispatcher.dispatch(self, cmd)
+        return True
 
     def pause_writing(self) -> None:
         self._writing_paused = True
@@ -113,6 +129,8 @@ class BrokerProtocol(asyncio.Protocol):
 
     def request_finished(self) -> None:
         self.inflight -= 1
+        if self._backlog and self.channel is not None and not self.channel.closed:
+            self._dispatch_backlog()
         if self._reading_paused:
             self._update_reading()
 
