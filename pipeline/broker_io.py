@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import struct
+from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import islice
 
 import pyarrow as pa
 
@@ -13,16 +15,21 @@ from halfmq.client import LocalTransactionState, Message, MessageQueue, PullCons
 from halfmq.client.admin import Admin
 from halfmq.client.consumer import parse_expression
 from halfmq.protocol.codes import RequestCode
-from halfmq.protocol.properties import decode_properties
+
+from .records import records_to_batch
 
 READER_GROUP = "halfmq-spark-reader"
+#: Messages per pull (the broker answers at most maxTransferCountOnMessageInMemory, 1024 by default).
 PULL_BATCH = 1000
-ARROW_SCHEMA = pa.schema([
-    ("topic", pa.string()), ("queue_id", pa.int32()), ("queue_offset", pa.int64()), ("msg_id", pa.string()),
-    ("keys", pa.string()), ("tags", pa.string()), ("body", pa.binary()),
-    ("properties", pa.map_(pa.string(), pa.string())),
-    ("born_timestamp", pa.timestamp("us", tz="UTC")), ("store_timestamp", pa.timestamp("us", tz="UTC"))])
-
+#: Offsets per chunk, the unit read ahead and decoded into one Arrow batch: fewer, larger batches cost less per
+#: message, in the decoder and in Spark.
+CHUNK = 4 * PULL_BATCH
+#: A pull under a tag filter may scan (and read matches) up to 20 × its count past its start; matches past the
+#: chunk's end are dropped, so filtered chunks are long enough to keep that waste a small share.
+FILTERED_CHUNK = 16 * PULL_BATCH
+#: Chunks being pulled while the one before them is handed to Spark, so the broker is already serving the next
+#: pulls while this task decodes and Spark consumes.
+CHUNKS_AHEAD = 2
 
 def queue_bounds(namesrv: str, topics: list[str]) -> dict[str, dict[int, tuple[int, int]]]:
     """{topic: {queue id: (min offset, max offset)}} as the broker has them now."""
@@ -37,80 +44,54 @@ def queue_bounds(namesrv: str, topics: list[str]) -> dict[str, dict[int, tuple[i
     return asyncio.run(run())
 
 
-_HEAD = struct.Struct(">iIiiiqqiq")
-_I32 = struct.Struct(">i")
-_I64 = struct.Struct(">q")
-_U16 = struct.Struct(">H")
-
-
-def records_to_batch(buf: bytes, end: int, tags: set[str] | None) -> tuple[pa.RecordBatch | None, int]:
-    """Stored records (a pull body) straight into Arrow columns, skipping offsets >= ``end`` and tags not in
-    ``tags``; returns the batch and the last queue offset seen. Decodes only what the schema needs."""
-    cols: dict[str, list] = {name: [] for name in ARROW_SCHEMA.names}
-    pos, size, last = 0, len(buf), -1
-    view = memoryview(buf)
-    while pos < size:
-        (total, _magic, _crc, queue_id, _flag, queue_offset, physical, sys_flag, born) = _HEAD.unpack_from(buf, pos)
-        last = queue_offset
-        p = pos + 48 + (20 if sys_flag & 0x10 else 8)
-        (stored,) = _I64.unpack_from(buf, p)
-        host_len = 20 if sys_flag & 0x20 else 8
-        store_host = buf[p + 8:p + 8 + host_len]
-        p += 8 + host_len + 12
-        (body_len,) = _I32.unpack_from(buf, p)
-        body = bytes(view[p + 4:p + 4 + body_len])
-        p += 4 + body_len
-        if _magic == 0xDAA320AB:
-            (topic_len,) = _U16.unpack_from(buf, p)
-            p += 2
-        else:
-            topic_len = buf[p]
-            p += 1
-        topic = bytes(view[p:p + topic_len]).decode()
-        p += topic_len
-        (props_len,) = _U16.unpack_from(buf, p)
-        props = decode_properties(bytes(view[p + 2:p + 2 + props_len]).decode())
-        pos += total
-        if queue_offset >= end or (tags is not None and props.get("TAGS") not in tags):
-            continue
-        cols["topic"].append(topic)
-        cols["queue_id"].append(queue_id)
-        cols["queue_offset"].append(queue_offset)
-        cols["msg_id"].append(props.get("UNIQ_KEY") or (store_host + _I64.pack(physical)).hex().upper())
-        cols["keys"].append(props.get("KEYS"))
-        cols["tags"].append(props.get("TAGS"))
-        cols["body"].append(body)
-        cols["properties"].append(list(props.items()))
-        cols["born_timestamp"].append(born * 1000)
-        cols["store_timestamp"].append(stored * 1000)
-    if not cols["topic"]:
-        return None, last
-    return pa.RecordBatch.from_arrays([pa.array(cols[f.name], f.type) for f in ARROW_SCHEMA],
-                                      schema=ARROW_SCHEMA), last
+async def _read_chunk(consumer: PullConsumer, queue: MessageQueue, start: int, end: int, expression: str,
+                      wanted: set[str] | None) -> pa.RecordBatch | None:
+    """The messages with start <= offset < end, as one batch (None if there are none)."""
+    bodies = []
+    offset = start
+    while offset < end:
+        status, next_offset, _low, _high, body = await consumer.pull_raw(
+            queue, offset, min(PULL_BATCH, end - offset), expression)
+        bodies.append(body)
+        if status is PullStatus.OFFSET_ILLEGAL or next_offset <= offset:
+            break
+        offset = next_offset
+    return records_to_batch(b"".join(bodies), end, wanted)
 
 
 def read_range(namesrv: str, topic: str, broker_name: str, queue_id: int, start: int, end: int,
-               tags: str = "*"):
-    """Arrow record batches of the messages of one queue with start <= offset < end."""
+               tags: str = "*") -> Iterator[pa.RecordBatch]:
+    """Arrow record batches of the messages of one queue with start <= offset < end, in offset order."""
     wanted = parse_expression(tags)
+    span = CHUNK if wanted is None else FILTERED_CHUNK
+    queue = MessageQueue(topic, broker_name, queue_id)
+    chunks = iter(range(start, end, span))
+    loop = asyncio.new_event_loop()
+    consumer = PullConsumer(READER_GROUP, namesrv)
+    pending: deque[asyncio.Task] = deque()
 
-    async def run():
-        batches = []
-        async with PullConsumer(READER_GROUP, namesrv) as consumer:
-            queue = MessageQueue(topic, broker_name, queue_id)
-            offset = start
-            while offset < end:
-                status, next_offset, _low, _high, body = await consumer.pull_raw(
-                    queue, offset, min(PULL_BATCH, end - offset), tags)
-                if body:
-                    batch, _last = records_to_batch(body, end, wanted)
-                    if batch is not None:
-                        batches.append(batch)
-                if status is PullStatus.OFFSET_ILLEGAL or next_offset <= offset:
-                    break
-                offset = next_offset
-        return batches
-    return asyncio.run(run())
+    def read_ahead() -> None:
+        for lo in islice(chunks, 1 + CHUNKS_AHEAD - len(pending)):
+            pending.append(loop.create_task(_read_chunk(consumer, queue, lo, min(lo + span, end), tags, wanted)))
+
+    try:
+        loop.run_until_complete(consumer.start())
+        read_ahead()
+        while pending:
+            batch = loop.run_until_complete(pending.popleft())
+            read_ahead()
+            if batch is not None:
+                yield batch
+    finally:  # also when Spark stops reading early
+        loop.run_until_complete(_close(consumer, pending))
+        loop.close()
+
+
+async def _close(consumer: PullConsumer, tasks) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await consumer.close()
 
 
 @dataclass
