@@ -166,7 +166,9 @@ class AccessValidator:
         elif code == RequestCode.HEART_BEAT:
             try:
                 data = json.loads(cmd.body or b"{}")
-            except ValueError:
+            except (ValueError, RecursionError):
+                return  # not a heartbeat to take groups from; its processor answers the malformed body
+            if not isinstance(data, dict):
                 return
             for consumer in data.get("consumerDataSet") or []:
                 if isinstance(consumer, dict):

@@ -125,6 +125,8 @@ def decode_json_header(data: bytes, body: bytes) -> RemotingCommand:
         obj = json.loads(data.decode())  # str, not bytes: json.loads would first guess the encoding
     except (UnicodeDecodeError, ValueError) as exc:
         raise HeaderError(f"undecodable JSON header: {exc}") from None
+    except RecursionError:
+        raise HeaderError("undecodable JSON header: nested too deeply") from None
     if not isinstance(obj, dict):
         raise HeaderError("JSON header is not an object")
     language = obj.get("language", "JAVA")

@@ -21,6 +21,8 @@ def parse_json_body(cmd: RemotingCommand) -> dict:
         data = json.loads(cmd.body or b"{}")
     except (UnicodeDecodeError, ValueError) as exc:
         raise BrokerError(ResponseCode.SYSTEM_ERROR, f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BrokerError(ResponseCode.SYSTEM_ERROR, "the request body is JSON nested too deeply") from None
     if not isinstance(data, dict):
         raise BrokerError(ResponseCode.SYSTEM_ERROR, "the request body is not a JSON object")
     return data

@@ -150,6 +150,8 @@ async def test_validation_errors_get_codes_and_remarks(broker_factory):
     assert r.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED and "9999" in r.remark
     r = await c.request(RequestCode.HEART_BEAT, body=b"{not json")
     assert r.code == ResponseCode.SYSTEM_ERROR and "JSON" in r.remark
+    r = await c.request(RequestCode.HEART_BEAT, body=b'{"consumerDataSet":' + b"[" * 100_000)
+    assert r.code == ResponseCode.SYSTEM_ERROR and "nested too deeply" in r.remark
     assert (await c.send("TBW102", b"ok")).code == ResponseCode.SUCCESS
     c.close()
 
@@ -182,3 +184,13 @@ async def test_name_server_routes(broker):
     assert "%RETRY%G1" in topics
     ns.close()
     c.close()
+
+
+async def test_a_header_nested_too_deeply_closes_only_its_connection(broker):
+    from halfmq.protocol.frame import encode_frame
+
+    hostile, good = await RawClient.connect(broker.addr), await RawClient.connect(broker.addr)
+    hostile.transport.write(encode_frame(0, b'{"code":10,"extFields":{"a":' + b"[" * 100_000))
+    await asyncio.wait_for(hostile.closed.wait(), 5)
+    assert (await good.send("TBW102", b"still served")).code == ResponseCode.SUCCESS
+    good.close()

@@ -91,7 +91,8 @@ def test_json_header_numbers_and_booleans_become_strings():
 
 
 @pytest.mark.parametrize("header", [b"not json", b"[1,2]", b'{"code":"x"}', b'{"code":1,"extFields":[1]}',
-                                    b'{"code":1,"extFields":{"a":[1]}}', b'{"code":99999999999}', b"\xff\xfe"])
+                                    b'{"code":1,"extFields":{"a":[1]}}', b'{"code":99999999999}', b"\xff\xfe",
+                                    b"[" * 100_000, b'{"code":10,"extFields":{"a":' + b"[" * 100_000])
 def test_bad_json_headers_raise_header_error(header):
     with pytest.raises(HeaderError):
         decode_command(FrameDecoder().feed(encode_frame(0, header))[0])
