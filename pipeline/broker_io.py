@@ -88,6 +88,7 @@ def read_range(namesrv: str, topic: str, broker_name: str, queue_id: int, start:
 
 
 async def _close(consumer: PullConsumer, tasks) -> None:
+    """Cancels the chunks still being read (Spark may stop early, e.g. for a limit) and closes the consumer."""
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)

@@ -52,7 +52,7 @@ class _Fields(NamedTuple):
     stored: list[int]
     store_hosts: list[bytes]
     physicals: list[int]
-    #: _PARTS boundaries per record (its start, then where each part after the first begins), then the body's end.
+    #: _PARTS boundaries per record (its start, then where each part after the first begins), then the buffer's end.
     bounds: list[int]
 
 
@@ -154,8 +154,8 @@ def _timestamps(millis) -> pa.Array:
 
 
 def records_to_batch(buf: bytes, end: int, tags: set[str] | None) -> pa.RecordBatch | None:
-    """The records of a pull body as a batch of ARROW_SCHEMA, without offsets >= ``end`` nor tags not in
-    ``tags`` (None: any); None when nothing is left."""
+    """The records of pull bodies (one, or several concatenated) as a batch of ARROW_SCHEMA, without offsets
+    >= ``end`` nor tags not in ``tags`` (None: any); None when nothing is left."""
     f = _scan(buf)
     if not f.queue_offsets:
         return None
