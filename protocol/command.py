@@ -6,7 +6,7 @@ import struct
 
 from .codes import BROKER_VERSION, FLAG_ONEWAY, FLAG_RESPONSE, LanguageCode, SerializeType
 from .errors import HeaderError
-from .frame import Frame, encode_frame
+from .frame import Frame, encode_frame, frame_head
 
 _LANG_BY_NAME = {lang.name: int(lang) for lang in LanguageCode}
 _LANG_NAME = {int(lang): lang.name for lang in LanguageCode}
@@ -73,11 +73,17 @@ class RemotingCommand:
                                serialize_type=self.serialize_type)
 
     def encode(self) -> bytes:
+        return encode_frame(self.serialize_type, self._encode_header(), self.body)
+
+    def encode_head(self) -> bytes:
+        """The frame up to its body; with ``body`` after it, the same bytes as ``encode()`` without copying a
+        large body (pull responses) into a new buffer."""
+        return frame_head(self.serialize_type, self._encode_header(), len(self.body))
+
+    def _encode_header(self) -> bytes:
         if self.serialize_type == SerializeType.ROCKETMQ:
-            header = encode_binary_header(self)
-        else:
-            header = encode_json_header(self)
-        return encode_frame(self.serialize_type, header, self.body)
+            return encode_binary_header(self)
+        return encode_json_header(self)
 
     def __repr__(self) -> str:
         kind = "response" if self.is_response else "request"

@@ -50,25 +50,25 @@ class FrameDecoder:
         frames: list[Frame] = []
         pos = 0
         end = len(buf)
-        while end - pos >= 4:
-            (length,) = _LEN.unpack_from(buf, pos)
-            if length < 4 or length > self.max_frame:
-                self._buf = bytearray()
-                raise FrameError(f"frame length {length} outside 4..{self.max_frame}")
-            if end - pos - 4 < length:
-                break
-            (word,) = _LEN.unpack_from(buf, pos + 4)
-            serialize_type = word >> 24
-            header_len = word & 0xFFFFFF
-            if header_len > length - 4:
-                self._buf = bytearray()
-                raise FrameError(f"header length {header_len} exceeds frame length {length}")
-            start = pos + 8
-            frames.append(
-                Frame(serialize_type, bytes(buf[start:start + header_len]),
-                      bytes(buf[start + header_len:pos + 4 + length]))
-            )
-            pos += 4 + length
+        # Through a memoryview each part is copied once (a bytearray slice would copy it twice).
+        with memoryview(buf) as view:
+            while end - pos >= 4:
+                (length,) = _LEN.unpack_from(buf, pos)
+                if length < 4 or length > self.max_frame:
+                    self._buf = bytearray()
+                    raise FrameError(f"frame length {length} outside 4..{self.max_frame}")
+                if end - pos - 4 < length:
+                    break
+                (word,) = _LEN.unpack_from(buf, pos + 4)
+                serialize_type = word >> 24
+                header_len = word & 0xFFFFFF
+                if header_len > length - 4:
+                    self._buf = bytearray()
+                    raise FrameError(f"header length {header_len} exceeds frame length {length}")
+                start = pos + 8
+                frames.append(Frame(serialize_type, bytes(view[start:start + header_len]),
+                                    bytes(view[start + header_len:pos + 4 + length])))
+                pos += 4 + length
         if pos:
             del buf[:pos]
         return frames
@@ -76,8 +76,9 @@ class FrameDecoder:
 
 def encode_frame(serialize_type: int, header: bytes, body: bytes = b"") -> bytes:
     """Build one frame. The header word carries the type in its high byte (JSON = 0)."""
-    return b"".join((
-        _PREFIX.pack(4 + len(header) + len(body), (serialize_type << 24) | len(header)),
-        header,
-        body,
-    ))
+    return frame_head(serialize_type, header, len(body)) + body
+
+
+def frame_head(serialize_type: int, header: bytes, body_len: int) -> bytes:
+    """A frame without its body: what precedes ``body_len`` bytes of body on the wire."""
+    return _PREFIX.pack(4 + len(header) + body_len, (serialize_type << 24) | len(header)) + header

@@ -218,24 +218,37 @@ class MessageStore:
     def read_queue(self, topic: str, queue_id: int, start_offset: int, max_entries: int,
                    tag_codes: set[int] | frozenset[int] | None, max_bytes: int) -> tuple[list[bytes], int]:
         """Records from ``start_offset`` matching ``tag_codes`` (None = all) and the offset after the last entry
-        scanned. Scans at most max(800, 20 × max_entries) entries."""
+        scanned. Scans at most max(800, 20 × max_entries) entries.
+
+        Every pull runs this, entry by entry: a queue's offsets are consecutive, so the scan counts them instead of
+        decoding keys, and no object is made per entry."""
         records: list[bytes] = []
-        next_offset = start_offset
+        tid = self.topic_ids.get(topic)
+        next_offset = max(start_offset, 0)
+        stop = min(self.queue_max.get((topic, queue_id), 0), next_offset + max(MIN_SCAN, 20 * max_entries))
+        if tid is None or next_offset >= stop:
+            return records, start_offset
         total = 0
         with self.env.begin() as txn:
-            log_db = self.dbs["commitlog"]
-            for entry in self._entries(txn, topic, queue_id, start_offset, max(MIN_SCAN, 20 * max_entries)):
-                if tag_codes is not None and entry.tags_code not in tag_codes:
-                    next_offset = entry.queue_offset + 1
-                    continue
-                if records and total + entry.size > max_bytes:
+            cur = txn.cursor(db=self.dbs["cq"])
+            if not cur.set_key(QUEUE_KEY.pack(tid, queue_id, next_offset)):
+                return records, start_offset
+            get, log_db, unpack_entry, pack_offset = txn.get, self.dbs["commitlog"], CQ_VALUE.unpack, U64.pack
+            for value in cur.iternext(keys=False):
+                if next_offset >= stop:
                     break
-                raw = txn.get(U64.pack(entry.physical_offset), db=log_db)
-                next_offset = entry.queue_offset + 1
+                physical, size, tags_code, _ts = unpack_entry(value)
+                if tag_codes is not None and tags_code not in tag_codes:
+                    next_offset += 1
+                    continue
+                if records and total + size > max_bytes:
+                    break
+                next_offset += 1
+                raw = get(pack_offset(physical), db=log_db)
                 if raw is None:
                     continue
                 records.append(raw)
-                total += entry.size
+                total += size
                 if len(records) >= max_entries:
                     break
         return records, next_offset
