@@ -14,7 +14,8 @@ import pyarrow as pa
 from halfmq.client import LocalTransactionState, Message, MessageQueue, PullConsumer, PullStatus, TransactionProducer
 from halfmq.client.admin import Admin
 from halfmq.client.consumer import parse_expression
-from halfmq.protocol.codes import RequestCode
+from halfmq.client.errors import BrokerError
+from halfmq.protocol.codes import RequestCode, ResponseCode
 
 from .records import records_to_batch
 
@@ -30,6 +31,7 @@ FILTERED_CHUNK = 16 * PULL_BATCH
 #: Chunks being pulled while the one before them is handed to Spark, so the broker is already serving the next
 #: pulls while this task decodes and Spark consumes.
 CHUNKS_AHEAD = 2
+
 
 def queue_bounds(namesrv: str, topics: list[str]) -> dict[str, dict[int, tuple[int, int]]]:
     """{topic: {queue id: (min offset, max offset)}} as the broker has them now."""
@@ -207,8 +209,12 @@ def batch_committed(namesrv: str, sink_id: str, batch_id: int) -> bool:
                 "topic": SINK_COMMITS_TOPIC, "key": _batch_key(sink_id, batch_id), "maxNum": 1,
                 "beginTimestamp": 0, "endTimestamp": 2 ** 62})
             return True
-        except Exception:  # QUERY_NOT_FOUND (or no topic yet): not committed
-            return False
+        except BrokerError as exc:
+            # Only the broker's word that there is no marker means "not committed"; any other failure must fail
+            # the batch (Spark retries it) rather than publish it a second time.
+            if exc.code == ResponseCode.QUERY_NOT_FOUND:
+                return False
+            raise
         finally:
             await admin.close()
     return asyncio.run(run())
