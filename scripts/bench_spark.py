@@ -1,5 +1,7 @@
 """Messages/s from the broker into Spark: a batch read of a pre-filled topic into the `noop` sink.
 
+The broker runs in its own process, as deployed; Spark is `local[2]` on the same machine.
+
     python scripts/bench_spark.py --messages 300000 --size 1024
 """
 from __future__ import annotations
@@ -7,7 +9,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -16,21 +21,27 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from halfmq.broker.config import build_config  # noqa: E402
-from halfmq.broker.server import Broker  # noqa: E402
-from halfmq.client import Message, MessageQueue, Producer  # noqa: E402
+from halfmq.client import Message, MessageQueue, Producer, PullConsumer  # noqa: E402
+
+READY = re.compile(r"halfmq ready: broker (\S+) namesrv (\S+)")
 
 
-def start_broker(store: str) -> tuple[Broker, asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    threading.Thread(target=loop.run_forever, daemon=True).start()
-    broker = Broker(build_config({"bindAddress": "127.0.0.1", "listenPort": 0, "namesrvListenPort": 0,
-                                  "metricsPromExporterPort": -1, "storePathRootDir": store, "logLevel": "WARNING"}))
-    asyncio.run_coroutine_threadsafe(broker.start(), loop).result(30)
-    return broker, loop
+def start_broker(store: str) -> tuple[subprocess.Popen, str]:
+    """The broker in its own process, started as `halfmq broker` is (its own GIL, uvloop), on free ports."""
+    proc = subprocess.Popen([sys.executable, "-m", "halfmq.broker.cli", "broker", "--bindAddress=127.0.0.1",
+                             "--listenPort=0", "--namesrvListenPort=0", "--metricsPromExporterPort=-1",
+                             f"--storePathRootDir={store}", "--logLevel=WARNING"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in proc.stdout:
+        match = READY.search(line)
+        if match:
+            # Keep reading its output, so a chatty broker never blocks on a full pipe.
+            threading.Thread(target=proc.stdout.read, daemon=True).start()
+            return proc, match.group(2)
+    raise SystemExit("the broker exited before it was ready")
 
 
-async def fill(namesrv: str, topic: str, count: int, size: int, queues: int) -> None:
+async def fill(namesrv: str, topic: str, count: int, size: int, queues: int) -> int:
     body = os.urandom(size)
     per_batch = max(1, (1 << 20) // (size + 200))
     async with Producer("BENCH_SPARK", namesrv) as producer:
@@ -40,6 +51,8 @@ async def fill(namesrv: str, topic: str, count: int, size: int, queues: int) -> 
                 await producer.send_batch([Message(topic, body)] * min(per_batch, n - start), queue)
         await producer.send(Message(topic, body))
         await asyncio.gather(*(one(q, count // queues) for q in range(queues)))
+    async with PullConsumer("BENCH_SPARK", namesrv) as consumer:
+        return sum([await consumer.max_offset(q) for q in await consumer.fetch_subscribe_queues(topic)])
 
 
 def main() -> None:
@@ -51,10 +64,17 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    broker, _loop = start_broker(tempfile.mkdtemp(prefix="halfmq-bench-spark-"))
+    broker, namesrv = start_broker(tempfile.mkdtemp(prefix="halfmq-bench-spark-"))
+    try:
+        run(args, namesrv)
+    finally:
+        broker.send_signal(signal.SIGTERM)
+        broker.wait(30)
+
+
+def run(args, namesrv: str) -> None:
     started = time.perf_counter()
-    asyncio.run(fill(broker.namesrv_addr, "SparkBench", args.messages, args.size, args.queues))
-    total = sum(broker.store.max_offset("SparkBench", q) for q in range(args.queues))
+    total = asyncio.run(fill(namesrv, "SparkBench", args.messages, args.size, args.queues))
     print(f"filled {total:,} messages in {time.perf_counter() - started:.1f} s", flush=True)
 
     from pyspark.sql import SparkSession
@@ -64,7 +84,7 @@ def main() -> None:
     spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
              .config("spark.driver.bindAddress", "127.0.0.1").getOrCreate())
     register(spark)
-    df = spark.read.format("halfmq").option("namesrv", broker.namesrv_addr).option("subscribe", "SparkBench").load()
+    df = spark.read.format("halfmq").option("namesrv", namesrv).option("subscribe", "SparkBench").load()
     df.write.format("noop").mode("overwrite").save()  # warm-up: JVM, Python workers
     rates = []
     for _ in range(args.passes):
