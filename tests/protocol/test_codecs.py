@@ -136,6 +136,9 @@ def test_missing_and_malformed_header_fields():
         H.SendMessageRequestHeaderV2.from_ext({"a": "pg"})
     with pytest.raises(HeaderError, match="integer"):
         H.QueueRequestHeader.from_ext({"topic": "T", "queueId": "zero"})
+    with pytest.raises(HeaderError, match="integer"):  # a digit by str.isdigit(), not by int()
+        H.QueueRequestHeader.from_ext({"topic": "T", "queueId": "\u00b2"})
+    assert H.QueueRequestHeader.from_ext({"topic": "T", "queueId": " 7 "}).queueId == 7
     with pytest.raises(HeaderError, match="boolean"):
         H.EndTransactionRequestHeader.from_ext({"producerGroup": "g", "tranStateTableOffset": "1", "commitLogOffset": "2",
                                                 "commitOrRollback": "8", "msgId": "m", "fromTransactionCheck": "maybe"})
