@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar, TypeVar, get_type_hints
+from typing import ClassVar, TypeVar, get_type_hints
 
 from .errors import HeaderError
 
 T = TypeVar("T", bound="Header")
 _INT64 = (-(2 ** 63), 2 ** 63)
+_BOOLS = {"true": True, "false": False}
 
 
 def _parse(name: str, kind: type, text: str):
@@ -34,37 +35,6 @@ def _parse(name: str, kind: type, text: str):
     if not _INT64[0] <= value < _INT64[1]:
         raise HeaderError(f"header field {name!r} is out of range: {text!r}")
     return value
-
-
-def _compile_decoder(cls) -> Callable[[dict[str, str], bool], "Header"]:
-    """A decoder written out for one header class, field by field: every request decodes a header, and a loop over
-    field specs costs several times more than straight-line code."""
-    lines = ["def decode(ext, aliases):", "    get = ext.get", "    kwargs = {}"]
-    for name, key, kind, required in cls._field_specs():
-        lines.append(f"    text = get({key!r})")
-        if key != name:
-            lines.append(f"    if text is None and aliases:\n        text = get({name!r})")
-        indent = "    "
-        if required:
-            message = f"the custom header field {key!r} ({name}) is required"
-            lines.append(f"    if text is None:\n        raise HeaderError({message!r})")
-        else:
-            lines.append("    if text is not None:")
-            indent = "        "
-        if kind is str:
-            lines.append(f"{indent}kwargs[{name!r}] = text")
-        elif kind is int:  # the common case without the checks; int() takes any string of decimal digits
-            lines.append(f"{indent}kwargs[{name!r}] = (int(text) if text.isdecimal() and len(text) < 19 "
-                         f"else _parse({key!r}, int, text))")
-        elif kind is bool:
-            lines.append(f"{indent}kwargs[{name!r}] = (True if text == 'true' else False if text == 'false' "
-                         f"else _parse({key!r}, bool, text))")
-        else:
-            lines.append(f"{indent}kwargs[{name!r}] = _parse({key!r}, {kind.__name__}, text)")
-    lines.append("    return cls(**kwargs)")
-    namespace = {"cls": cls, "HeaderError": HeaderError, "_parse": _parse}
-    exec("\n".join(lines), namespace)  # noqa: S102 - code generated from the class's own field specs
-    return namespace["decode"]
 
 
 def _render(value) -> str:
@@ -111,10 +81,26 @@ class Header:
         Raises:
             HeaderError: a required field is missing or a field is malformed.
         """
-        decode = cls.__dict__.get("_decode")
-        if decode is None:
-            decode = cls._decode = _compile_decoder(cls)
-        return decode(ext, aliases)
+        kwargs = {}
+        get = ext.get
+        for name, key, kind, required in cls._field_specs():
+            text = get(key)
+            if text is None and aliases:
+                text = get(name)
+            if text is None:
+                if required:
+                    raise HeaderError(f"the custom header field {key!r} ({name}) is required")
+                continue
+            # The common spellings first, without _parse's checks; int() takes any string of decimal digits.
+            if kind is str:
+                kwargs[name] = text
+            elif kind is int and text.isdecimal() and len(text) < 19:
+                kwargs[name] = int(text)
+            elif kind is bool and text in _BOOLS:
+                kwargs[name] = _BOOLS[text]
+            else:
+                kwargs[name] = _parse(key, kind, text)
+        return cls(**kwargs)
 
     def to_ext(self) -> dict[str, str]:
         out = {}
