@@ -4,6 +4,10 @@ Operations queue up while a commit is in progress; the writer takes everything q
 applies it in ONE LMDB write transaction, commits, syncs when SYNC_FLUSH, and resolves all the waiting futures
 with one ``call_soon_threadsafe``. A function operation runs in a child transaction, so its failure leaves no
 partial write and does not affect the others of its group; a full map aborts the whole group.
+
+Records and queue entries are buffered and written with one ``putmulti`` per table: py-lmdb releases the GIL
+around every single ``put``, and each time it must win the GIL back from the busy event loop (up to a switch
+interval). One call per table instead of two per message keeps the group's commit short while the loop works.
 """
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import lmdb
 import msgpack
@@ -36,8 +40,7 @@ class PutRequest:
     keys: str | None = None  # space-separated business keys, indexed for QUERY_MESSAGE
 
 
-@dataclass(frozen=True)
-class PutResult:
+class PutResult(NamedTuple):
     physical_offset: int
     queue_offset: int
     store_timestamp: int
@@ -57,7 +60,10 @@ class Counters:
 
 
 class WriteContext:
-    """The primitives a write operation may use; valid only inside it, on the writer thread."""
+    """The primitives a write operation may use; valid only inside it, on the writer thread.
+
+    Stored records and their queue entries wait in buffers until ``flush`` (or a read that could need them).
+    """
 
     def __init__(self, txn, dbs, counters: Counters, now_ms: int, grown: dict):
         self.txn = txn
@@ -65,6 +71,17 @@ class WriteContext:
         self.counters = counters
         self.now_ms = now_ms
         self.grown = grown
+        self._records: list[tuple[bytes, bytearray]] = []
+        self._entries: list[tuple[bytes, bytes]] = []
+
+    def flush(self) -> None:
+        """Write the buffered records and queue entries into the transaction."""
+        if self._records:
+            records, self._records = self._records, []
+            _put_all(self.txn, self.dbs["commitlog"], records, append=True)
+        if self._entries:
+            entries, self._entries = self._entries, []
+            _put_all(self.txn, self.dbs["cq"], entries, append=False)
 
     def _topic_id(self, topic: str) -> int:
         tid = self.counters.topic_ids.get(topic)
@@ -84,23 +101,23 @@ class WriteContext:
         record = req.record
         stamp_record(record, queue_offset, physical, self.now_ms)
         size = len(record)
-        txn = self.txn
-        txn.put(U64.pack(physical), record, append=True, db=self.dbs["commitlog"])
+        self._records.append((U64.pack(physical), record))
         if req.index:
             tid = self._topic_id(req.topic)
-            txn.put(QUEUE_KEY.pack(tid, req.queue_id, queue_offset),
-                    CQ_VALUE.pack(physical, size, req.tags_code, self.now_ms), db=self.dbs["cq"])
+            self._entries.append((QUEUE_KEY.pack(tid, req.queue_id, queue_offset),
+                                  CQ_VALUE.pack(physical, size, req.tags_code, self.now_ms)))
             counters.queue_max[key] = queue_offset + 1
             self.grown[key] = queue_offset + 1
         if req.keys:
             keys_db = self.dbs["keys"]
             prefix = req.topic.encode() + b"\x00"
             for key in req.keys.split():
-                txn.put(prefix + key.encode() + b"\x00" + U64.pack(physical), b"", db=keys_db)
+                self.txn.put(prefix + key.encode() + b"\x00" + U64.pack(physical), b"", db=keys_db)
         counters.next_physical = physical + size
         return PutResult(physical, queue_offset, self.now_ms, size)
 
     def read_record(self, physical_offset: int) -> bytes | None:
+        self.flush()
         return self.txn.get(U64.pack(physical_offset), db=self.dbs["commitlog"])
 
     def get_half(self, half_offset: int) -> dict | None:
@@ -204,8 +221,10 @@ class WriterThread(threading.Thread):
         now_ms = int(time.time() * 1000)
         try:
             with self.env.begin(write=True) as txn:
+                shared = WriteContext(txn, self.dbs, counters, now_ms, grown)
                 for op in batch:
-                    self._apply(op, txn, counters, now_ms, grown)
+                    self._apply(op, shared)
+                shared.flush()
             if self.sync_each:
                 self.env.sync(True)
             else:
@@ -233,27 +252,30 @@ class WriterThread(threading.Thread):
         self.last_commit_seconds = time.perf_counter() - started
         self._hand_off(batch, grown)
 
-    def _apply(self, op: _Op, txn, counters: Counters, now_ms: int, grown: dict) -> None:
+    def _apply(self, op: _Op, shared: WriteContext) -> None:
         if op.kind == "put":
             # Validated before queueing: a failure here can only be LMDB's, which aborts the whole group.
-            ctx = WriteContext(txn, self.dbs, counters, now_ms, grown)
-            op.outcome = (True, [ctx.put_message(req) for req in op.payload])
+            op.outcome = (True, [shared.put_message(req) for req in op.payload])
             return
         if op.kind == "checked":
             # The function raises only before its first write (it validates, then writes): no child
             # transaction is needed to undo anything, which saves a nested commit per operation.
             try:
-                op.outcome = (True, op.payload(WriteContext(txn, self.dbs, counters, now_ms, grown)))
+                op.outcome = (True, op.payload(shared))
             except lmdb.MapFullError:
                 raise
             except Exception as exc:
                 op.outcome = (False, exc)
             return
+        shared.flush()  # the child transaction must see (and may read) everything written before it
+        counters, grown = shared.counters, shared.grown
         saved = counters.copy()
         saved_grown = dict(grown)
-        child = self.env.begin(write=True, parent=txn)
+        child = self.env.begin(write=True, parent=shared.txn)
         try:
-            value = op.payload(WriteContext(child, self.dbs, counters, now_ms, grown))
+            context = WriteContext(child, self.dbs, counters, shared.now_ms, grown)
+            value = op.payload(context)
+            context.flush()
         except lmdb.MapFullError:
             child.abort()
             raise
@@ -279,3 +301,11 @@ class WriterThread(threading.Thread):
                 loop.call_soon_threadsafe(self.publish, ops, snapshot if index == 0 else {})
             except RuntimeError:
                 log.warning("event loop closed before %d store results could be delivered", len(ops))
+
+
+def _put_all(txn, db, items: list, append: bool) -> None:
+    """All ``items`` in one call (one GIL release); every key must be new."""
+    with txn.cursor(db=db) as cursor:
+        _consumed, added = cursor.putmulti(items, append=append)
+    if added != len(items):
+        raise lmdb.Error(f"only {added} of {len(items)} records were written")
