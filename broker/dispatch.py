@@ -26,7 +26,7 @@ class Deferred:
     """A handler's answer that is ready when ``future`` is: ``finish(future.result())`` builds the response.
 
     The hot path (a send waiting for its group commit) uses it instead of a coroutine, which saves a task per
-    request.
+    request. Many Deferreds may share one future (the sends of one burst): it then gets one callback.
     """
 
     __slots__ = ("future", "finish")
@@ -41,6 +41,7 @@ class Dispatcher:
         self.name = name
         self.handlers: dict[int, Handler] = {}
         self.tasks: set[asyncio.Future] = set()
+        self._waiting: dict[asyncio.Future, list[tuple]] = {}  # future → the Deferred requests it answers
         self.close_listeners: list[Callable[[Channel], None]] = []
         self.request_observer: Callable[[int, int, float], None] | None = None
         #: Raises BrokerError when a request is not allowed (ACL, admin codes); None: everything is.
@@ -81,15 +82,23 @@ class Dispatcher:
             task.add_done_callback(self.tasks.discard)
         elif isinstance(result, Deferred):
             proto.request_started()
-            self.tasks.add(result.future)
-            result.future.add_done_callback(
-                lambda fut: self._complete(proto, channel, cmd, result.finish, fut, started))
+            future = result.future
+            waiting = self._waiting.get(future)
+            if waiting is None:
+                waiting = self._waiting[future] = []
+                self.tasks.add(future)
+                future.add_done_callback(self._complete_all)
+            waiting.append((proto, channel, cmd, result.finish, started))
         elif result is not None:
             self._reply(channel, cmd, result, started)
 
+    def _complete_all(self, fut: asyncio.Future) -> None:
+        self.tasks.discard(fut)
+        for proto, channel, cmd, finish, started in self._waiting.pop(fut):
+            self._complete(proto, channel, cmd, finish, fut, started)
+
     def _complete(self, proto, channel: Channel, cmd: RemotingCommand, finish, fut: asyncio.Future,
                   started: float) -> None:
-        self.tasks.discard(fut)
         proto.request_finished()
         if fut.cancelled():
             response = cmd.response(ResponseCode.SYSTEM_BUSY, "[OVERLOAD] broker is shutting down")

@@ -178,6 +178,8 @@ class _StateCollector:
                                 value=stats.get("map_size", 0))
         yield GaugeMetricFamily("halfmq_store_last_commit_seconds", "Duration of the last group commit",
                                 value=stats.get("last_commit_seconds", 0.0))
+        yield GaugeMetricFamily("halfmq_store_last_sync_seconds", "Duration of the last sync to disk",
+                                value=stats.get("last_sync_seconds", 0.0))
         yield GaugeMetricFamily("halfmq_store_last_group_size", "Writes in the last group commit",
                                 value=stats.get("last_group_size", 0))
         yield CounterMetricFamily("halfmq_store_groups", "Group commits", value=stats.get("total_groups", 0))

@@ -4,16 +4,27 @@ from __future__ import annotations
 import json
 import struct
 
+import orjson
+
 from .codes import BROKER_VERSION, FLAG_ONEWAY, FLAG_RESPONSE, LanguageCode, SerializeType
 from .errors import HeaderError
 from .frame import Frame, encode_frame, frame_head
 
 _LANG_BY_NAME = {lang.name: int(lang) for lang in LanguageCode}
-_LANG_NAME = {int(lang): lang.name for lang in LanguageCode}
 _BIN_FIXED = struct.Struct(">hBhii")
 _I32 = struct.Struct(">i")
 _I16 = struct.Struct(">h")
 _json_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_LANG_JSON = {int(lang): f'"{lang.name}"'.encode() for lang in LanguageCode}
+
+
+def _json_bytes(value) -> bytes:
+    """Compact JSON as UTF-8. orjson is about ten times faster than the json module on a header's fields; the
+    json module remains for what orjson refuses (a str holding a lone surrogate)."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        return _json_encode(value).encode("utf-8", "surrogatepass")
 
 
 def _scalar_to_str(value) -> str | None:
@@ -99,14 +110,13 @@ class RemotingCommand:
 def encode_json_header(cmd: RemotingCommand) -> bytes:
     # Formatted by hand: every response and check-back goes through here, and only the remark and extFields
     # need the JSON encoder (the other fields are integers and fixed names).
-    text = (f'{{"code":{int(cmd.code)},"language":"{_LANG_NAME.get(cmd.language, "JAVA")}",'
-            f'"version":{int(cmd.version)},"opaque":{int(cmd.opaque)},"flag":{int(cmd.flag)},'
-            f'"serializeTypeCurrentRPC":"JSON"')
+    head = b'{"code":%d,"language":%s,"version":%d,"opaque":%d,"flag":%d,"serializeTypeCurrentRPC":"JSON"' % (
+        cmd.code, _LANG_JSON.get(cmd.language, b'"JAVA"'), cmd.version, cmd.opaque, cmd.flag)
     if cmd.remark is not None:
-        text += ',"remark":' + _json_encode(cmd.remark)
+        head += b',"remark":' + _json_bytes(cmd.remark)
     if cmd.ext_fields:
-        text += ',"extFields":' + _json_encode(cmd.ext_fields)
-    return (text + "}").encode()
+        head += b',"extFields":' + _json_bytes(cmd.ext_fields)
+    return head + b"}"
 
 
 def _int_field(obj: dict, name: str, default: int | None = None) -> int:
@@ -128,11 +138,9 @@ def _int_field(obj: dict, name: str, default: int | None = None) -> int:
 
 def decode_json_header(data: bytes, body: bytes) -> RemotingCommand:
     try:
-        obj = json.loads(data.decode())  # str, not bytes: json.loads would first guess the encoding
-    except (UnicodeDecodeError, ValueError) as exc:
+        obj = orjson.loads(data)
+    except ValueError as exc:  # orjson.JSONDecodeError (bad JSON or UTF-8, too deep) is a ValueError
         raise HeaderError(f"undecodable JSON header: {exc}") from None
-    except RecursionError:
-        raise HeaderError("undecodable JSON header: nested too deeply") from None
     if not isinstance(obj, dict):
         raise HeaderError("JSON header is not an object")
     language = obj.get("language", "JAVA")

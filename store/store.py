@@ -1,7 +1,7 @@
 """MessageStore: the commit log, consume queues, offsets, topics and transaction tables in one LMDB env.
 
-Writes are coroutines that go through the writer thread (group commit); reads are plain methods on the event
-loop thread, in short read-only transactions. Readers see a queue's new entries only once the group that wrote
+Writes are coroutines that go through group commit (see writer.py); reads are plain methods on the event loop
+thread, in short read-only transactions. Readers see a queue's new entries only once the group that wrote
 them is durable: the loop-side queue bounds advance in the same hand-off that resolves the writers' futures.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import msgpack
 from .config import StoreConfig
 from .errors import StoreClosedError
 from .keys import (CQ_VALUE, DUE_KEY, QUEUE_KEY, QUEUE_PREFIX, TOPIC_ID, U64, offset_key, parse_offset_key)
-from .writer import Counters, PutRequest, WriteContext, WriterThread, _Op
+from .writer import Counters, GroupWriter, PutRequest, SyncThread, WriteContext, _Op
 
 log = logging.getLogger(__name__)
 _DBS = ("commitlog", "cq", "topic_ids", "offsets", "topics", "halfs", "due", "meta", "keys")
@@ -39,12 +39,14 @@ class MessageStore:
         self.config = config
         self.env: lmdb.Environment | None = None
         self.dbs: dict = {}
-        self.writer: WriterThread | None = None
+        self.writer: GroupWriter | None = None
+        self.syncer: SyncThread | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.queue_max: dict[tuple[str, int], int] = {}
         self.topic_ids: dict[str, int] = {}
         self.listeners: list[Callable[[str, int, int], None]] = []
         self._outbox: list[_Op] = []
+        self._open_put: _Op | None = None  # the outbox's last op, while single records may still join it
         self.closed = True
 
     # --- lifecycle ---
@@ -60,9 +62,10 @@ class MessageStore:
         self.queue_max = dict(counters.queue_max)
         self.topic_ids = dict(counters.topic_ids)
         self.loop = asyncio.get_running_loop()
-        self.writer = WriterThread(self.env, self.dbs, counters, cfg.flush_disk_type == "SYNC_FLUSH",
-                                   cfg.flush_interval_ms / 1000, cfg.max_group, self._publish)
-        self.writer.start()
+        self.writer = GroupWriter(self.env, self.dbs, counters)
+        self.syncer = SyncThread(self.env, self.loop, cfg.flush_disk_type == "SYNC_FLUSH",
+                                 cfg.flush_interval_ms / 1000, self._publish)
+        self.syncer.start()
         self.closed = False
 
     def _load_counters(self) -> Counters:
@@ -95,8 +98,8 @@ class MessageStore:
             return
         self.closed = True
         self._flush_outbox()
-        self.writer.stop()
-        await asyncio.get_running_loop().run_in_executor(None, self.writer.join)
+        self.syncer.stop()
+        await asyncio.get_running_loop().run_in_executor(None, self.syncer.join)
         self.env.sync(True)
         self.env.close()
 
@@ -105,16 +108,26 @@ class MessageStore:
         if self.closed:
             raise StoreClosedError("the store is closed")
         fut = self.loop.create_future()
-        # Writes made in one loop iteration reach the writer together: one wake-up, one group.
+        # Writes made in one loop iteration are committed together at its end: one group.
         if not self._outbox:
             self.loop.call_soon(self._flush_outbox)
-        self._outbox.append(_Op(kind, payload, self.loop, fut))
+        self._outbox.append(_Op(kind, payload, fut))
         return fut
 
     def _flush_outbox(self) -> None:
         ops, self._outbox = self._outbox, []
-        if ops:
-            self.writer.submit(ops)
+        self._open_put = None
+        step = self.config.max_group
+        for start in range(0, len(ops), step):
+            group = ops[start:start + step]
+            grown = self.writer.commit(group)
+            if grown is None:  # nothing was stored: answer the failures at once
+                self._publish(group, {})
+            elif self.syncer.sync_each:
+                self.syncer.submit(group, grown)
+            else:
+                self._publish(group, grown)
+                self.syncer.submit([], {})
 
     async def put_messages(self, reqs: list[PutRequest]) -> list:
         """Store records atomically; each gets its physical offset, queue offset and store timestamp."""
@@ -127,6 +140,20 @@ class MessageStore:
     def submit_messages(self, reqs: list[PutRequest]) -> asyncio.Future:
         """As put_messages, but returns the future at once (for callers that chain a callback)."""
         return self._submit("put", reqs)
+
+    def submit_message(self, req: PutRequest) -> tuple[asyncio.Future, int]:
+        """Queue one record: (future, index), where the future's value lists the PutResults of every record
+        queued in a row in this loop iteration and ``index`` is this record's place in it.
+
+        One future and one callback for a whole burst of sends instead of one each.
+        """
+        op = self._open_put
+        if op is not None and self._outbox and self._outbox[-1] is op:
+            op.payload.append(req)
+            return op.future, len(op.payload) - 1
+        future = self._submit("put", [req])
+        self._open_put = self._outbox[-1]
+        return future, 0
 
     async def write(self, fn: Callable[[WriteContext], object], validated: bool = False):
         """Run ``fn`` in the writer's transaction, atomically; returns its result or raises its exception.
@@ -153,7 +180,7 @@ class MessageStore:
         for key, new_max in grown.items():
             if new_max > self.queue_max.get(key, 0):
                 self.queue_max[key] = new_max
-        self.topic_ids = self.writer.counters.topic_ids if self.writer else self.topic_ids
+        self.topic_ids = self.writer.counters.topic_ids
         for op in ops:
             if op.future.done():
                 continue
@@ -376,4 +403,5 @@ class MessageStore:
         return {"map_size": info["map_size"], "used_bytes": (info["last_pgno"] + 1) * stat["psize"],
                 "entries": entries, "last_group_size": w.last_group_size if w else 0,
                 "last_commit_seconds": w.last_commit_seconds if w else 0.0,
+                "last_sync_seconds": self.syncer.last_sync_seconds if self.syncer else 0.0,
                 "total_groups": w.total_groups if w else 0, "total_ops": w.total_ops if w else 0}

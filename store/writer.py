@@ -1,13 +1,16 @@
-"""The single writer thread: group commit of every write, then one hand-off to the event loop per group.
+"""Group commit: every write of one loop iteration in one LMDB transaction, made durable by one sync thread.
 
-Operations queue up while a commit is in progress; the writer takes everything queued (up to ``max_group``),
-applies it in ONE LMDB write transaction, commits, syncs when SYNC_FLUSH, and resolves all the waiting futures
-with one ``call_soon_threadsafe``. A function operation runs in a child transaction, so its failure leaves no
-partial write and does not affect the others of its group; a full map aborts the whole group.
+Operations queue up during a loop iteration; at its end ``GroupWriter`` applies them (up to ``max_group`` at a
+time) in ONE LMDB write transaction on the loop thread and commits it without syncing. ``SyncThread`` then
+makes it durable: one fdatasync covers every group committed since the previous one, and one
+``call_soon_threadsafe`` resolves all their futures. With SYNC_FLUSH nothing is answered before that sync.
+A function operation runs in a child transaction, so its failure leaves no partial write and does not affect
+the others of its group; a full map aborts the whole group.
 
-Records and queue entries are buffered and written with one ``putmulti`` per table: py-lmdb releases the GIL
-around every single ``put``, and each time it must win the GIL back from the busy event loop (up to a switch
-interval). One call per table instead of two per message keeps the group's commit short while the loop works.
+Why the loop thread writes: py-lmdb releases the GIL in every call, and a writer thread had to win it back
+from the busy loop (and from the client for a core) five to seven times per group, which stretched a 0.5 ms
+commit to 2-3 ms and serialised the broker. The sync thread needs the GIL twice per sync. Records and queue
+entries also go in with one ``putmulti`` per table instead of a ``put`` each.
 """
 from __future__ import annotations
 
@@ -151,70 +154,30 @@ class WriteContext:
 
 @dataclass
 class _Op:
-    kind: str                      # "put" or "fn"
+    kind: str                      # "put", "checked" or "fn"
     payload: Any
-    loop: Any
     future: Any
     outcome: tuple | None = None   # (ok, value)
 
 
-class WriterThread(threading.Thread):
-    def __init__(self, env: lmdb.Environment, dbs: dict, counters: Counters, sync_each: bool,
-                 flush_interval_s: float, max_group: int, publish: Callable):
-        super().__init__(name="halfmq-store-writer", daemon=True)
+class GroupWriter:
+    """Applies a group of operations in ONE LMDB write transaction and commits it (without syncing).
+
+    It runs on the event loop thread, once per loop iteration, so the loop never waits for another thread to
+    give the GIL back in the middle of a group.
+    """
+
+    def __init__(self, env: lmdb.Environment, dbs: dict, counters: Counters):
         self.env = env
         self.dbs = dbs
         self.counters = counters
-        self.sync_each = sync_each
-        self.flush_interval_s = flush_interval_s
-        self.max_group = max_group
-        self.publish = publish  # called on the loop thread: publish(ops, grown, counters snapshot, stats)
-        self.queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.dirty = False
-        self.last_sync = time.monotonic()
         self.total_groups = 0
         self.total_ops = 0
         self.last_group_size = 0
         self.last_commit_seconds = 0.0
 
-    def submit(self, ops: list[_Op]) -> None:
-        self.queue.put(ops)
-
-    def stop(self) -> None:
-        self.queue.put(_STOP)
-
-    def run(self) -> None:
-        while True:
-            try:
-                first = self.queue.get(timeout=None if self.sync_each or not self.dirty else self.flush_interval_s)
-            except queue.Empty:
-                self._sync()
-                continue
-            if first is _STOP:
-                break
-            batch = list(first)
-            stop = False
-            while len(batch) < self.max_group:
-                try:
-                    ops = self.queue.get_nowait()
-                except queue.Empty:
-                    break
-                if ops is _STOP:
-                    stop = True
-                    break
-                batch.extend(ops)
-            self._commit(batch)
-            if stop:
-                break
-        self._sync()
-
-    def _sync(self) -> None:
-        if self.dirty:
-            self.env.sync(True)
-            self.dirty = False
-            self.last_sync = time.monotonic()
-
-    def _commit(self, batch: list[_Op]) -> None:
+    def commit(self, batch: list[_Op]) -> dict | None:
+        """Set every op's outcome; the queue bounds grown by the group, or None when nothing was stored."""
         started = time.perf_counter()
         counters = self.counters.copy()
         grown: dict[tuple[str, int], int] = {}
@@ -225,32 +188,25 @@ class WriterThread(threading.Thread):
                 for op in batch:
                     self._apply(op, shared)
                 shared.flush()
-            if self.sync_each:
-                self.env.sync(True)
-            else:
-                self.dirty = True
-                if time.monotonic() - self.last_sync >= self.flush_interval_s:
-                    self._sync()
         except lmdb.MapFullError:
             log.error("the LMDB map is full: %d writes refused (raise mapSize)", len(batch))
             error = StoreFullError("the store is full: the LMDB map reached its size limit; raise the mapSize "
                                    "configuration key (nothing of this write was stored)")
             for op in batch:
                 op.outcome = (False, error)
-            grown = {}
-            counters = self.counters
+            return None
         except Exception as exc:  # an LMDB failure at commit: nothing of the group was stored
             log.exception("store commit failed")
             for op in batch:
                 op.outcome = (False, exc)
-            grown = {}
-            counters = self.counters
+            return None
+        finally:
+            self.total_groups += 1
+            self.total_ops += len(batch)
+            self.last_group_size = len(batch)
+            self.last_commit_seconds = time.perf_counter() - started
         self.counters = counters
-        self.total_groups += 1
-        self.total_ops += len(batch)
-        self.last_group_size = len(batch)
-        self.last_commit_seconds = time.perf_counter() - started
-        self._hand_off(batch, grown)
+        return grown
 
     def _apply(self, op: _Op, shared: WriteContext) -> None:
         if op.kind == "put":
@@ -291,16 +247,95 @@ class WriterThread(threading.Thread):
         child.commit()
         op.outcome = (True, value)
 
-    def _hand_off(self, batch: list[_Op], grown: dict) -> None:
-        by_loop: dict[Any, list[_Op]] = {}
-        for op in batch:
-            by_loop.setdefault(op.loop, []).append(op)
-        snapshot = dict(grown)
-        for index, (loop, ops) in enumerate(by_loop.items()):
+
+class SyncThread(threading.Thread):
+    """Makes committed groups durable: one fdatasync for every group committed since the last one, then one
+    ``call_soon_threadsafe`` hands them all back to the loop.
+
+    SYNC_FLUSH hands groups over here and answers them only once synced. ASYNC_FLUSH answers at commit and only
+    tells this thread that the store is dirty; it syncs every ``flush_interval_s``.
+    """
+
+    def __init__(self, env: lmdb.Environment, loop, sync_each: bool, flush_interval_s: float,
+                 publish: Callable[[list, dict], None]):
+        super().__init__(name="halfmq-store-sync", daemon=True)
+        self.env = env
+        self.loop = loop
+        self.sync_each = sync_each
+        self.flush_interval_s = flush_interval_s
+        self.publish = publish  # called on the loop thread: publish(ops, grown)
+        self.sync = lambda: env.sync(True)  # a seam for tests that must hold acknowledgements back
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.dirty = False
+        self.last_sync = time.monotonic()
+        self.last_sync_seconds = 0.0
+
+    def submit(self, ops: list[_Op], grown: dict) -> None:
+        """Hand over a committed group (SYNC_FLUSH), or just note that there is something to sync (ops empty)."""
+        self.queue.put((ops, grown))
+
+    def stop(self) -> None:
+        self.queue.put(_STOP)
+
+    def run(self) -> None:
+        while True:
             try:
-                loop.call_soon_threadsafe(self.publish, ops, snapshot if index == 0 else {})
-            except RuntimeError:
-                log.warning("event loop closed before %d store results could be delivered", len(ops))
+                first = self.queue.get(timeout=None if self.sync_each or not self.dirty else self.flush_interval_s)
+            except queue.Empty:
+                self._sync()
+                continue
+            if first is _STOP:
+                break
+            groups = [first]
+            stop = False
+            while True:
+                try:
+                    item = self.queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is _STOP:
+                    stop = True
+                    break
+                groups.append(item)
+            self.dirty = True
+            if self.sync_each or time.monotonic() - self.last_sync >= self.flush_interval_s:
+                try:
+                    self._sync()
+                except Exception as exc:  # not known durable: refuse rather than acknowledge
+                    log.exception("store sync failed")
+                    for ops, _grown in groups:
+                        for op in ops:
+                            op.outcome = (False, exc)
+                    groups = [(ops, {}) for ops, _grown in groups]
+            self._hand_off(groups)
+            if stop:
+                break
+        try:
+            self._sync()
+        except Exception:
+            log.exception("store sync failed at close")
+
+    def _sync(self) -> None:
+        if not self.dirty:
+            return
+        started = time.perf_counter()
+        self.sync()
+        self.dirty = False
+        self.last_sync = time.monotonic()
+        self.last_sync_seconds = time.perf_counter() - started
+
+    def _hand_off(self, groups: list[tuple[list[_Op], dict]]) -> None:
+        ops: list[_Op] = []
+        grown: dict = {}
+        for group_ops, group_grown in groups:
+            ops += group_ops
+            grown.update(group_grown)  # later groups only grow a queue further
+        if not ops:
+            return
+        try:
+            self.loop.call_soon_threadsafe(self.publish, ops, grown)
+        except RuntimeError:
+            log.warning("event loop closed before %d store results could be delivered", len(ops))
 
 
 def _put_all(txn, db, items: list, append: bool) -> None:

@@ -112,14 +112,17 @@ class SendProcessor:
         request = self.delayed_or_plain(rec)
         size = len(cmd.body)
 
+        future, index = ctx.store.submit_message(request)
+
         def finish(results) -> RemotingCommand:
             if ctx.metrics is not None:
                 ctx.metrics.message_in(topic, size)
+            result = results[index]
             return cmd.response(ResponseCode.SUCCESS, ext_fields={
-                "msgId": create_offset_msg_id(ctx.store_host, results[0].physical_offset),
-                "queueId": str(queue_id), "queueOffset": str(results[0].queue_offset), **_EXTRA})
+                "msgId": create_offset_msg_id(ctx.store_host, result.physical_offset),
+                "queueId": str(queue_id), "queueOffset": str(result.queue_offset), **_EXTRA})
 
-        return Deferred(ctx.store.submit_messages([request]), finish)
+        return Deferred(future, finish)
 
     def _half_response(self, cmd: RemotingCommand, queue_id: int, result, transaction_id: str) -> RemotingCommand:
         ctx = self.ctx

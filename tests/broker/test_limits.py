@@ -63,9 +63,11 @@ async def test_requests_in_progress_per_connection_are_bounded_and_none_is_lost(
         original(proto, cmd)
 
     broker.dispatcher.dispatch = counting_dispatch
-    # Hold the store's writer: every send stays in progress until it is released.
+    # Hold the store's syncs back: every send stays in progress until they are released.
     release = threading.Event()
-    held = broker.store.submit_write(lambda _wctx: release.wait(30))
+    sync = broker.store.syncer.sync
+    broker.store.syncer.sync = lambda: (release.wait(30), sync())
+    held = broker.store.submit_write(lambda _wctx: None)
     try:
         sends = [asyncio.ensure_future(producer.send("Limits", f"m{i}".encode(), timeout=30))
                  for i in range(sent)]
