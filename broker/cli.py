@@ -50,9 +50,6 @@ def broker_main(argv: list[str]) -> int:
         return 2
     logging.basicConfig(level=config.logLevel, stream=sys.stdout,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # The store's writer thread must get the GIL promptly when a group is ready: with the default 5 ms switch
-    # interval every acknowledgement could wait that long behind the event loop.
-    sys.setswitchinterval(0.0005)
     loop = new_event_loop()
     try:
         loop.run_until_complete(run_broker(config))

@@ -75,12 +75,7 @@ class Dispatcher:
         except Exception as exc:
             self._reply(channel, cmd, self._error_response(cmd, exc), started)
             return
-        if asyncio.iscoroutine(result):
-            proto.request_started()
-            task = asyncio.get_running_loop().create_task(self._run(proto, channel, cmd, result, started))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
-        elif isinstance(result, Deferred):
+        if type(result) is Deferred:  # first: the hot path, and iscoroutine is slow
             proto.request_started()
             future = result.future
             waiting = self._waiting.get(future)
@@ -89,6 +84,11 @@ class Dispatcher:
                 self.tasks.add(future)
                 future.add_done_callback(self._complete_all)
             waiting.append((proto, channel, cmd, result.finish, started))
+        elif asyncio.iscoroutine(result):
+            proto.request_started()
+            task = asyncio.get_running_loop().create_task(self._run(proto, channel, cmd, result, started))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
         elif result is not None:
             self._reply(channel, cmd, result, started)
 

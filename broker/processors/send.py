@@ -24,6 +24,7 @@ from ..topics import DLQ_PREFIX, RETRY_PREFIX, SCHEDULE_TOPIC, SEND_FORBIDDEN, v
 
 DEFAULT_MAX_RECONSUME_TIMES = 16
 _EXTRA = {"MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
+_MAX_VALID_TOPICS = 10_000
 
 
 class SendProcessor:
@@ -31,6 +32,7 @@ class SendProcessor:
         self.ctx = ctx
         self.max_body = ctx.config.maxMessageSize
         self.cluster = ctx.config.brokerClusterName
+        self._valid_topics: set[str] = set()  # names already validated: the check is a regex per send
 
     def register(self, dispatcher) -> None:
         dispatcher.register(RequestCode.SEND_MESSAGE, self.send)
@@ -45,7 +47,11 @@ class SendProcessor:
         else:
             header = SendMessageRequestHeaderV2.from_ext(cmd.ext_fields)
         topic = header.topic
-        validate_topic_name(topic)
+        if topic not in self._valid_topics:
+            validate_topic_name(topic)
+            if len(self._valid_topics) >= _MAX_VALID_TOPICS:
+                self._valid_topics.clear()
+            self._valid_topics.add(topic)
         if topic in SEND_FORBIDDEN:
             raise BrokerError(ResponseCode.NO_PERMISSION, f"Sending message to topic[{topic}] is forbidden.")
         if cmd.code == RequestCode.SEND_BATCH_MESSAGE:

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import asyncio
-import threading
+import os
+import signal
 
 from halfmq.protocol.codes import RequestCode, ResponseCode
 from halfmq.protocol.message import decode_offset_msg_id
@@ -63,10 +64,9 @@ async def test_requests_in_progress_per_connection_are_bounded_and_none_is_lost(
         original(proto, cmd)
 
     broker.dispatcher.dispatch = counting_dispatch
-    # Hold the store's syncs back: every send stays in progress until they are released.
-    release = threading.Event()
-    sync = broker.store.syncer.sync
-    broker.store.syncer.sync = lambda: (release.wait(30), sync())
+    # Stop the store's sync helper: every send stays in progress (unacknowledged) until it continues.
+    helper = broker.store.syncer.pid
+    os.kill(helper, signal.SIGSTOP)
     held = broker.store.submit_write(lambda _wctx: None)
     try:
         sends = [asyncio.ensure_future(producer.send("Limits", f"m{i}".encode(), timeout=30))
@@ -76,7 +76,7 @@ async def test_requests_in_progress_per_connection_are_bounded_and_none_is_lost(
         assert await max_offset(observer) == 1
         assert dispatched == limit  # the rest waits, read but not taken on
     finally:
-        release.set()
+        os.kill(helper, signal.SIGCONT)
     await held
     responses = await asyncio.gather(*sends)
     assert [r.code for r in responses] == [ResponseCode.SUCCESS] * sent

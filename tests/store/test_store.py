@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 
 import pytest
 
 from halfmq.protocol.message import MessageRecord, decode_record, encode_record, tags_hash
-from halfmq.store import MessageStore, PutRequest, StoreConfig, StoreFullError
+from halfmq.store import MessageStore, PutRequest, StoreConfig, StoreError, StoreFullError
 from halfmq.store.store import StoredEntry
 
 
@@ -163,3 +165,18 @@ async def test_close_drains_queued_writes(open_store, tmp_path):
     assert all(f.done() and not f.exception() for f in futures)
     reopened = await open_store()
     assert reopened.max_offset("T", 0) == 50
+
+
+async def test_writes_wait_for_the_sync_helper_and_fail_clearly_when_it_dies(open_store):
+    store = await open_store()
+    helper = store.syncer.pid
+    os.kill(helper, signal.SIGSTOP)  # the disk "hangs": nothing may be acknowledged
+    pending = asyncio.ensure_future(store.put_messages([request(body=b"unsynced")]))
+    done, _ = await asyncio.wait({pending}, timeout=0.3)
+    assert not done and store.max_offset("T", 0) == 0  # neither answered nor visible before it is synced
+    os.kill(helper, signal.SIGKILL)
+    with pytest.raises(StoreError, match="sync helper"):
+        await asyncio.wait_for(pending, 10)
+    assert store.syncer.pid != helper  # a new helper took over
+    results = await asyncio.wait_for(store.put_messages([request(body=b"after")]), 10)
+    assert decode_record(store.read_record(results[0].physical_offset)).body == b"after"
