@@ -48,14 +48,15 @@ class Channel:
         pending = self._pending
         if pending is None:
             pending = self._pending = []
-            asyncio.get_running_loop().call_soon(self._flush)
+            asyncio.get_running_loop().call_soon(self.flush)
         # Head and body go out as separate buffers: a pull's megabyte of records is never copied again here.
         pending.append(cmd.encode_head())
         if cmd.body:
             pending.append(cmd.body)
         return True
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Write what is pending now."""
         pending, self._pending = self._pending, None
         if pending and not self.transport.is_closing():
             self.transport.writelines(pending)

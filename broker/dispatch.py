@@ -94,8 +94,12 @@ class Dispatcher:
 
     def _complete_all(self, fut: asyncio.Future) -> None:
         self.tasks.discard(fut)
+        channels = set()
         for proto, channel, cmd, finish, started in self._waiting.pop(fut):
             self._complete(proto, channel, cmd, finish, fut, started)
+            channels.add(channel)
+        for channel in channels:  # the answers leave now, not after the work queued before this callback
+            channel.flush()
 
     def _complete(self, proto, channel: Channel, cmd: RemotingCommand, finish, fut: asyncio.Future,
                   started: float) -> None:

@@ -108,7 +108,10 @@ class BrokerProtocol(asyncio.Protocol):
         while backlog and self.inflight < self.max_inflight:
             if not budget:
                 self._slice_scheduled = True
-                asyncio.get_running_loop().call_soon(self._dispatch_backlog)
+                # To the back of the queue twice: the answers of earlier slices, scheduled by their syncs while
+                # this slice ran, go out before the next slice is decoded.
+                loop = asyncio.get_running_loop()
+                loop.call_soon(loop.call_soon, self._dispatch_backlog)
                 return
             budget -= 1
             if not self._dispatch_frame(backlog.popleft()):
