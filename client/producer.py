@@ -100,15 +100,18 @@ class Producer:
                     sys_flag: int = 0, code: int = RequestCode.SEND_MESSAGE_V2, body: bytes | None = None,
                     batch: bool = False) -> SendResult:
         last: Exception | None = None
+        instance = self.instance
         for attempt in range(1 + self.retry_times):
-            route = await self.instance.routes.get(msg.topic, self.auto_create)
+            # The cached route, registration and connection are looked up without awaiting: this runs per send.
+            route = instance.routes.cached(msg.topic) or await instance.routes.get(msg.topic, self.auto_create)
             if not route.write_queues:
                 raise ClientError(f"topic {msg.topic} has no writable queue")
             target = queue or route.write_queues[next(self._counter) % len(route.write_queues)]
             addr = route.addr_of(target.broker_name)
             try:
-                await self._register(addr)
-                conn = await self.instance.pool.get(addr)
+                if addr not in instance.brokers:
+                    await instance.heartbeat(addr)
+                conn = instance.pool.open_connection(addr) or await instance.pool.get(addr)
                 resp = await conn.request(code, self._header(msg, target, props, sys_flag, batch),
                                           msg.body if body is None else body, self.send_timeout)
             except ClientError as exc:
@@ -118,8 +121,10 @@ class Producer:
             status = _STATUS.get(resp.code)
             if status is not None:
                 ext = resp.ext_fields
+                queue_id = int(ext.get("queueId", target.queue_id))
                 return SendResult(status, uniq, ext.get("msgId", ""),
-                                  MessageQueue(msg.topic, target.broker_name, int(ext.get("queueId", target.queue_id))),
+                                  target if queue_id == target.queue_id and target.topic == msg.topic
+                                  else MessageQueue(msg.topic, target.broker_name, queue_id),
                                   int(ext.get("queueOffset", -1)), ext.get("transactionId") or None)
             last = error_for(resp.code, resp.remark)
             if resp.code not in _RETRYABLE or queue is not None:

@@ -74,9 +74,16 @@ class RouteCache:
             raise error_for(resp.code, resp.remark)
         raise last_error or TopicNotExistError(ResponseCode.TOPIC_NOT_EXIST, "no name server configured")
 
-    async def get(self, topic: str, auto_create: bool = False) -> TopicRoute:
+    def cached(self, topic: str) -> TopicRoute | None:
+        """The route of ``topic`` if it is cached and fresh."""
         route = self.routes.get(topic)
         if route is not None and time.monotonic() - route.fetched_at < self.ttl:
+            return route
+        return None
+
+    async def get(self, topic: str, auto_create: bool = False) -> TopicRoute:
+        route = self.cached(topic)
+        if route is not None:
             return route
         try:
             return await self.fetch(topic)

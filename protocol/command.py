@@ -119,6 +119,9 @@ def encode_json_header(cmd: RemotingCommand) -> bytes:
     return head + b"}"
 
 
+_INT32_MIN, _INT32_END = -(2 ** 31), 2 ** 31
+
+
 def _int_field(obj: dict, name: str, default: int | None = None) -> int:
     value = obj.get(name, default)
     if type(value) is int and -(2 ** 31) <= value < 2 ** 31:
@@ -164,11 +167,14 @@ def decode_json_header(data: bytes, body: bytes) -> RemotingCommand:
                     ext[key] = text
     else:
         raise HeaderError("extFields is not an object")
-    return RemotingCommand(
-        code=_int_field(obj, "code"), opaque=_int_field(obj, "opaque", 0), flag=_int_field(obj, "flag", 0),
-        remark=remark, ext_fields=ext, body=body, language=int(language),
-        version=_int_field(obj, "version", 0), serialize_type=SerializeType.JSON,
-    )
+    code, opaque, flag, version = obj.get("code"), obj.get("opaque", 0), obj.get("flag", 0), obj.get("version", 0)
+    if not (type(code) is int and type(opaque) is int and type(flag) is int and type(version) is int
+            and _INT32_MIN <= code < _INT32_END and _INT32_MIN <= opaque < _INT32_END
+            and _INT32_MIN <= flag < _INT32_END and _INT32_MIN <= version < _INT32_END):
+        # Not the plain integers nearly every client sends: full checks and conversions.
+        code, opaque = _int_field(obj, "code"), _int_field(obj, "opaque", 0)
+        flag, version = _int_field(obj, "flag", 0), _int_field(obj, "version", 0)
+    return RemotingCommand(code, opaque, flag, remark, ext, body, int(language), version, SerializeType.JSON)
 
 
 def encode_binary_header(cmd: RemotingCommand) -> bytes:
