@@ -26,7 +26,8 @@ class Deferred:
     """A handler's answer that is ready when ``future`` is: ``finish(future.result())`` builds the response.
 
     The hot path (a send waiting for its group commit) uses it instead of a coroutine, which saves a task per
-    request. Many Deferreds may share one future (the sends of one burst): it then gets one callback.
+    request. Many Deferreds may share one future (the sends of one burst): it then gets one callback. The
+    future may also be a store Completion, whose callback runs as soon as the write is durable.
     """
 
     __slots__ = ("future", "finish")

@@ -18,6 +18,7 @@ import msgpack
 from .config import StoreConfig
 from .errors import StoreClosedError
 from .keys import (CQ_VALUE, DUE_KEY, QUEUE_KEY, QUEUE_PREFIX, TOPIC_ID, U64, offset_key, parse_offset_key)
+from .completion import Completion
 from .syncer import Syncer
 from .writer import Counters, GroupWriter, PutRequest, WriteContext, _Op
 
@@ -104,10 +105,10 @@ class MessageStore:
         self.env.close()
 
     # --- writes ---
-    def _submit(self, kind: str, payload) -> asyncio.Future:
+    def _submit(self, kind: str, payload, eager: bool = False) -> asyncio.Future | Completion:
         if self.closed:
             raise StoreClosedError("the store is closed")
-        fut = self.loop.create_future()
+        fut = Completion(self.loop) if eager else self.loop.create_future()
         # Writes made in one loop iteration are committed together at its end: one group.
         if not self._outbox:
             self.loop.call_soon(self._flush_outbox)
@@ -140,17 +141,18 @@ class MessageStore:
         """As put_messages, but returns the future at once (for callers that chain a callback)."""
         return self._submit("put", reqs)
 
-    def submit_message(self, req: PutRequest) -> tuple[asyncio.Future, int]:
-        """Queue one record: (future, index), where the future's value lists the PutResults of every record
-        queued in a row in this loop iteration and ``index`` is this record's place in it.
+    def submit_message(self, req: PutRequest) -> tuple[Completion, int]:
+        """Queue one record: (completion, index), where the completion's value lists the PutResults of every
+        record queued in a row in this loop iteration and ``index`` is this record's place in it.
 
-        One future and one callback for a whole burst of sends instead of one each.
+        One completion and one callback for a whole burst of sends instead of a future each; its callbacks run
+        as soon as the group is durable (see completion.py).
         """
         op = self._open_put
         if op is not None and self._outbox and self._outbox[-1] is op:
             op.payload.append(req)
             return op.future, len(op.payload) - 1
-        future = self._submit("put", [req])
+        future = self._submit("put", [req], eager=True)
         self._open_put = self._outbox[-1]
         return future, 0
 

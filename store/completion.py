@@ -1,0 +1,67 @@
+"""Completion: the outcome of a burst of single-record writes, delivered the moment the group is durable.
+
+An asyncio future runs its callbacks one loop iteration after it is resolved, behind whatever was queued
+meanwhile (the next frames to decode): the acknowledgements of a synced group then wait for that work. A
+Completion calls its callbacks as it is resolved, so the broker writes the answers in the same callback that
+learnt the group is on disk. It can still be awaited like a future.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+_PENDING = object()
+
+
+class Completion:
+    __slots__ = ("_loop", "_result", "_exception", "_callbacks")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._result: Any = _PENDING
+        self._exception: BaseException | None = None
+        self._callbacks: list[Callable[["Completion"], None]] = []
+
+    def done(self) -> bool:
+        return self._result is not _PENDING or self._exception is not None
+
+    def cancelled(self) -> bool:
+        return False  # a write in a group cannot be taken back
+
+    def result(self):
+        if self._exception is not None:
+            raise self._exception
+        if self._result is _PENDING:
+            raise asyncio.InvalidStateError("the write is not durable yet")
+        return self._result
+
+    def add_done_callback(self, callback: Callable[["Completion"], None]) -> None:
+        if self.done():
+            callback(self)
+        else:
+            self._callbacks.append(callback)
+
+    def set_result(self, value) -> None:
+        self._result = value
+        self._run_callbacks()
+
+    def set_exception(self, exc: BaseException) -> None:
+        self._exception = exc
+        self._run_callbacks()
+
+    def _run_callbacks(self) -> None:
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            try:
+                callback(self)
+            except Exception:
+                log.exception("a write-completion callback failed")
+
+    def __await__(self):
+        if not self.done():
+            future = self._loop.create_future()
+            self.add_done_callback(lambda _c: future.set_result(None) if not future.done() else None)
+            yield from future.__await__()
+        return self.result()
