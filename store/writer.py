@@ -59,7 +59,7 @@ class Counters:
 
 
 class WriteContext:
-    """The primitives a write operation may use; valid only inside it, on the writer thread.
+    """The primitives a write operation may use; valid only inside it.
 
     Stored records and their queue entries wait in buffers until ``flush`` (or a read that could need them).
     """
