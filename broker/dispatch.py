@@ -43,6 +43,7 @@ class Dispatcher:
         self.handlers: dict[int, Handler] = {}
         self.tasks: set[asyncio.Future] = set()
         self._waiting: dict[asyncio.Future, list[tuple]] = {}  # future → the Deferred requests it answers
+        self._answered: set[Channel] = set()  # channels with completed answers not yet flushed
         self.close_listeners: list[Callable[[Channel], None]] = []
         self.request_observer: Callable[[int, int, float], None] | None = None
         #: Raises BrokerError when a request is not allowed (ACL, admin codes); None: everything is.
@@ -95,11 +96,16 @@ class Dispatcher:
 
     def _complete_all(self, fut: asyncio.Future) -> None:
         self.tasks.discard(fut)
-        channels = set()
+        answered = self._answered
         for proto, channel, cmd, finish, started in self._waiting.pop(fut):
             self._complete(proto, channel, cmd, finish, fut, started)
-            channels.add(channel)
-        for channel in channels:  # the answers leave now, not after the work queued before this callback
+            answered.add(channel)
+
+    def flush_answers(self) -> None:
+        """Write the answers completed since the last call now, one write per channel (the store calls this once
+        it resolved a durable group), rather than after the work queued meanwhile."""
+        answered, self._answered = self._answered, set()
+        for channel in answered:
             channel.flush()
 
     def _complete(self, proto, channel: Channel, cmd: RemotingCommand, finish, fut: asyncio.Future,

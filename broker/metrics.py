@@ -3,7 +3,8 @@
 Counters are bumped on the hot path; values that can be read off the broker's state (connections, lag, store
 size) are computed by a custom collector at scrape time instead of being kept up to date. The two series bumped
 for every message (messages and bytes in, request latency) are plain integers on the loop thread, exported by
-the collector: prometheus-client's lock per update cost as much as a tenth of a send.
+the collector, and so are the per-decision transaction series: prometheus-client's lock per update cost as
+much as a tenth of a send.
 """
 from __future__ import annotations
 
@@ -18,6 +19,28 @@ from halfmq.protocol.codes import RequestCode
 log = logging.getLogger(__name__)
 _MS_BUCKETS = (1, 5, 10, 50, 100, 500, 1000, 3000, 10000, 30000)
 _S_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 300)
+
+
+def _observe(table: dict, key, bounds: tuple, value: float) -> None:
+    """Count ``value`` into the plain histogram ``table[key]``: one count per bucket, then +Inf, then the sum."""
+    counts = table.get(key)
+    if counts is None:
+        counts = table[key] = [0] * (len(bounds) + 1) + [0.0]
+    counts[bisect_left(bounds, value)] += 1
+    counts[-1] += value
+
+
+def _histogram(name: str, doc: str, labels: list[str], bounds: tuple, table: dict,
+               label_values) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, doc, labels=labels)
+    for key, counts in list(table.items()):
+        counts = list(counts)
+        cumulative, buckets = 0, []
+        for bound, count in zip((*bounds, "+Inf"), counts):
+            cumulative += count
+            buckets.append((str(bound), cumulative))
+        family.add_metric(label_values(key), buckets, sum_value=counts[-1])
+    return family
 
 
 def _code_name(code: int) -> str:
@@ -37,11 +60,8 @@ class BrokerMetrics:
                                     ["topic", "consumer_group"], registry=r)
         self.throughput_out = Counter("rocketmq_throughput_out", "Bytes delivered by pulls",
                                       ["topic", "consumer_group"], registry=r)
-        self.commits = Counter("rocketmq_commit_messages", "Half messages committed", ["topic"], registry=r)
-        self.rollbacks = Counter("rocketmq_rollback_messages", "Half messages rolled back", ["topic"], registry=r)
-        self.finish_latency = Histogram("rocketmq_finish_message_latency",
-                                        "Seconds from storing a half message to its decision", ["topic"],
-                                        buckets=_S_BUCKETS, registry=r)
+        self.decided: dict[str, list[int]] = {}  # topic → [committed, rolled back]
+        self.finish_latency: dict[str, list] = {}  # topic → seconds from half to decision, plain histogram
         self.checks_sent = Counter("halfmq_check_backs_sent", "CHECK_TRANSACTION_STATE written to a producer",
                                    registry=r)
         self.checks_undeliverable = Counter("halfmq_check_backs_undeliverable",
@@ -56,7 +76,6 @@ class BrokerMetrics:
                                     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5), registry=r)
         self.half_open: dict[str, int] = {}
         self._out: dict = {}
-        self._decided: dict = {}
         r.register(_StateCollector(self))
         self._http = None
 
@@ -78,13 +97,7 @@ class BrokerMetrics:
         children[1].inc(nbytes)
 
     def request_done(self, code: int, response_code: int, seconds: float) -> None:
-        key = (code, response_code)
-        counts = self.rpc_latency.get(key)
-        if counts is None:
-            counts = self.rpc_latency[key] = [0] * (len(_MS_BUCKETS) + 1) + [0.0]  # buckets, +Inf, sum
-        ms = seconds * 1000
-        counts[bisect_left(_MS_BUCKETS, ms)] += 1
-        counts[-1] += ms
+        _observe(self.rpc_latency, (code, response_code), _MS_BUCKETS, seconds * 1000)
 
     def half_prepared(self, topic: str) -> None:
         self.half_open[topic] = self.half_open.get(topic, 0) + 1
@@ -92,18 +105,17 @@ class BrokerMetrics:
     def half_decided(self, state: dict) -> None:
         topic = state["topic"]
         self.half_open[topic] = max(0, self.half_open.get(topic, 0) - 1)
-        children = self._decided.get(topic)
-        if children is None:
-            children = self._decided[topic] = (self.commits.labels(topic), self.rollbacks.labels(topic),
-                                               self.finish_latency.labels(topic))
+        decided = self.decided.get(topic)
+        if decided is None:
+            decided = self.decided[topic] = [0, 0]  # committed, rolled back
         if state["state"] == "COMMITTED":
-            children[0].inc()
+            decided[0] += 1
         elif state["state"] == "ROLLED_BACK":
-            children[1].inc()
+            decided[1] += 1
         elif state["state"] == "DISCARDED":
             self.discarded.inc()
         if "decided_ts" in state:
-            children[2].observe(max(0, state["decided_ts"] - state["store_ts"]) / 1000)
+            _observe(self.finish_latency, topic, _S_BUCKETS, max(0, state["decided_ts"] - state["store_ts"]) / 1000)
 
     def repeated_decision(self, from_check: bool) -> None:
         if from_check:
@@ -155,16 +167,18 @@ class _StateCollector:
             nbytes.add_metric([topic], size)
         yield messages
         yield nbytes
-        latency = HistogramMetricFamily("rocketmq_rpc_latency", "Request processing time, ms",
-                                        labels=["request_code", "response_code"])
-        for (code, response_code), counts in list(self.metrics.rpc_latency.items()):
-            counts = list(counts)
-            cumulative, buckets = 0, []
-            for bound, count in zip((*_MS_BUCKETS, "+Inf"), counts):
-                cumulative += count
-                buckets.append((str(bound), cumulative))
-            latency.add_metric([_code_name(code), str(response_code)], buckets, sum_value=counts[-1])
+        latency = _histogram("rocketmq_rpc_latency", "Request processing time, ms", ["request_code", "response_code"],
+                             _MS_BUCKETS, self.metrics.rpc_latency, lambda key: [_code_name(key[0]), str(key[1])])
         yield latency
+        commits = CounterMetricFamily("rocketmq_commit_messages", "Half messages committed", labels=["topic"])
+        rollbacks = CounterMetricFamily("rocketmq_rollback_messages", "Half messages rolled back", labels=["topic"])
+        for topic, (committed, rolled_back) in list(self.metrics.decided.items()):
+            commits.add_metric([topic], committed)
+            rollbacks.add_metric([topic], rolled_back)
+        yield commits
+        yield rollbacks
+        yield _histogram("rocketmq_finish_message_latency", "Seconds from storing a half message to its decision",
+                         ["topic"], _S_BUCKETS, self.metrics.finish_latency, lambda key: [key])
 
     def collect(self):
         ctx = self.metrics.ctx

@@ -1,4 +1,4 @@
-"""Completion: the outcome of a burst of single-record writes, delivered the moment the group is durable.
+"""Completion: the outcome of a write (or a burst of sends), delivered the moment its group is durable.
 
 An asyncio future runs its callbacks one loop iteration after it is resolved, behind whatever was queued
 meanwhile (the next frames to decode): the acknowledgements of a synced group then wait for that work. A
@@ -36,6 +36,11 @@ class Completion:
         if self._result is _PENDING:
             raise asyncio.InvalidStateError("the write is not durable yet")
         return self._result
+
+    def exception(self) -> BaseException | None:
+        if not self.done():
+            raise asyncio.InvalidStateError("the write is not durable yet")
+        return self._exception
 
     def add_done_callback(self, callback: Callable[["Completion"], None]) -> None:
         if self.done():

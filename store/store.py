@@ -47,6 +47,8 @@ class MessageStore:
         self.queue_max: dict[tuple[str, int], int] = {}
         self.topic_ids: dict[str, int] = {}
         self.listeners: list[Callable[[str, int, int], None]] = []
+        #: called after each batch of writes was resolved (the broker writes the answers they completed)
+        self.publish_hooks: list[Callable[[], None]] = []
         self._outbox: list[_Op] = []
         self._open_put: _Op | None = None  # the outbox's last op, while single records may still join it
         self.closed = True
@@ -133,9 +135,9 @@ class MessageStore:
         """Store records atomically; each gets its physical offset, queue offset and store timestamp."""
         return await self._submit("put", reqs)
 
-    def submit_write(self, fn: Callable[[WriteContext], object], validated: bool = False) -> asyncio.Future:
-        """As write, but returns the future at once."""
-        return self._submit("checked" if validated else "fn", fn)
+    def submit_write(self, fn: Callable[[WriteContext], object], validated: bool = False) -> Completion:
+        """As write, but returns a Completion at once (callbacks run as soon as the write is durable)."""
+        return self._submit("checked" if validated else "fn", fn, eager=True)
 
     def submit_messages(self, reqs: list[PutRequest]) -> asyncio.Future:
         """As put_messages, but returns the future at once (for callers that chain a callback)."""
@@ -196,6 +198,11 @@ class MessageStore:
                     listener(topic, queue_id, new_max)
                 except Exception:
                     log.exception("arrival listener failed")
+        for hook in self.publish_hooks:
+            try:
+                hook()
+            except Exception:
+                log.exception("publish hook failed")
 
     def add_arrival_listener(self, callback: Callable[[str, int, int], None]) -> None:
         self.listeners.append(callback)

@@ -71,6 +71,7 @@ class WriteContext:
         self.now_ms = now_ms
         self.grown = grown
         self._records: list[tuple[bytes, bytearray]] = []
+        self._first_buffered = 0  # physical offset of the first buffered record
         self._entries: list[tuple[bytes, bytes]] = []
 
     def flush(self) -> None:
@@ -100,6 +101,8 @@ class WriteContext:
         record = req.record
         stamp_record(record, queue_offset, physical, self.now_ms)
         size = len(record)
+        if not self._records:
+            self._first_buffered = physical
         self._records.append((U64.pack(physical), record))
         if req.index:
             tid = self._topic_id(req.topic)
@@ -116,7 +119,8 @@ class WriteContext:
         return PutResult(physical, queue_offset, self.now_ms, size)
 
     def read_record(self, physical_offset: int) -> bytes | None:
-        self.flush()
+        if self._records and physical_offset >= self._first_buffered:
+            self.flush()  # the record may still be in the buffer
         return self.txn.get(U64.pack(physical_offset), db=self.dbs["commitlog"])
 
     def get_half(self, half_offset: int) -> dict | None:
