@@ -150,7 +150,9 @@ class Dispatcher:
     async def drain(self, grace: float) -> None:
         """Wait up to ``grace`` seconds for in-progress requests, then cancel the rest."""
         if self.tasks:
-            _done, pending = await asyncio.wait(set(self.tasks), timeout=grace)
+            # Store Completions are awaitables, not futures: asyncio.wait takes them wrapped in tasks.
+            waiting = {t if asyncio.isfuture(t) else asyncio.ensure_future(t) for t in self.tasks}
+            _done, pending = await asyncio.wait(waiting, timeout=grace)
             for task in pending:
                 task.cancel()
             if pending:

@@ -85,3 +85,21 @@ async def test_requests_in_progress_per_connection_are_bounded_and_none_is_lost(
     assert await max_offset(observer) == sent + 1
     producer.close()
     observer.close()
+
+
+async def test_stopping_while_sends_wait_for_their_sync_answers_them(broker_factory):
+    broker = await broker_factory(shutdownGraceSeconds=10)
+    producer = await RawClient.connect(broker.addr)
+    assert (await producer.send("Limits", b"first")).code == ResponseCode.SUCCESS
+    helper = broker.store.syncer.pid
+    os.kill(helper, signal.SIGSTOP)  # the sends stay in progress, waiting for their sync
+    sends = [asyncio.ensure_future(producer.send("Limits", f"m{i}".encode(), timeout=30)) for i in range(5)]
+    observer = await RawClient.connect(broker.addr)
+    await max_offset(observer)  # the sends were read before this answer
+    stopping = asyncio.ensure_future(broker.stop())
+    done, _ = await asyncio.wait({stopping}, timeout=0.3)
+    assert not done  # the stop drains the requests in progress
+    os.kill(helper, signal.SIGCONT)
+    await asyncio.wait_for(stopping, 20)
+    responses = await asyncio.gather(*sends)
+    assert [r.code for r in responses] == [ResponseCode.SUCCESS] * 5
