@@ -51,6 +51,7 @@ class MessageStore:
         self.publish_hooks: list[Callable[[], None]] = []
         self._outbox: list[_Op] = []
         self._open_put: _Op | None = None  # the outbox's last op, while single records may still join it
+        self._open_checked: _Op | None = None  # the same for submit_checked
         self.closed = True
 
     # --- lifecycle ---
@@ -119,7 +120,7 @@ class MessageStore:
 
     def _flush_outbox(self) -> None:
         ops, self._outbox = self._outbox, []
-        self._open_put = None
+        self._open_put = self._open_checked = None
         step = self.config.max_group
         for start in range(0, len(ops), step):
             group = ops[start:start + step]
@@ -157,6 +158,26 @@ class MessageStore:
         future = self._submit("put", [req], eager=True)
         self._open_put = self._outbox[-1]
         return future, 0
+
+    def submit_checked(self, fn: Callable[[WriteContext], object]) -> tuple[Completion, Callable[[list], object]]:
+        """As submit_write(fn, validated=True), sharing one Completion with the other such writes queued in a row
+        in this loop iteration (the transaction decisions and halves of a burst): (completion, pick), where
+        ``pick(completion's value)`` returns this write's value or raises its exception."""
+        op = self._open_checked
+        if op is not None and self._outbox and self._outbox[-1] is op:
+            op.payload.append(fn)
+        else:
+            self._submit("checked_many", [fn], eager=True)
+            op = self._open_checked = self._outbox[-1]
+        index = len(op.payload) - 1
+
+        def pick(outcomes: list):
+            ok, value = outcomes[index]
+            if not ok:
+                raise value
+            return value
+
+        return op.future, pick
 
     async def write(self, fn: Callable[[WriteContext], object], validated: bool = False):
         """Run ``fn`` in the writer's transaction, atomically; returns its result or raises its exception.

@@ -154,7 +154,7 @@ class WriteContext:
 
 @dataclass
 class _Op:
-    kind: str                      # "put", "checked" or "fn"
+    kind: str                      # "put", "checked", "checked_many" or "fn"
     payload: Any
     future: Any
     outcome: tuple | None = None   # (ok, value)
@@ -212,6 +212,17 @@ class GroupWriter:
         if op.kind == "put":
             # Validated before queueing: a failure here can only be LMDB's, which aborts the whole group.
             op.outcome = (True, [shared.put_message(req) for req in op.payload])
+            return
+        if op.kind == "checked_many":  # several "checked" functions answered together, each with its outcome
+            outcomes = []
+            for fn in op.payload:
+                try:
+                    outcomes.append((True, fn(shared)))
+                except lmdb.MapFullError:
+                    raise
+                except Exception as exc:
+                    outcomes.append((False, exc))
+            op.outcome = (True, outcomes)
             return
         if op.kind == "checked":
             # The function raises only before its first write (it validates, then writes): no child

@@ -38,16 +38,18 @@ class EndTransactionProcessor:
         future, finish = self.ctx.transactions.submit_decide(h.commitLogOffset, h.producerGroup,
                                                              h.tranStateTableOffset, h.commitOrRollback,
                                                              bool(h.fromTransactionCheck))
-        future.add_done_callback(lambda fut: self._note_refusal(fut, h))
-        return Deferred(future, lambda value: self._decided(cmd, h, finish(value)))
+        return Deferred(future, lambda value: self._decided(cmd, h, self._outcome(finish, value, h)))
 
-    def _note_refusal(self, fut, h: EndTransactionRequestHeader) -> None:
-        exc = None if fut.cancelled() else fut.exception()
-        if isinstance(exc, BrokerError):
+    def _outcome(self, finish, value, h: EndTransactionRequestHeader):
+        """The decision's outcome; a refusal is counted and logged before it is answered."""
+        try:
+            return finish(value)
+        except BrokerError as exc:
             if self.ctx.metrics is not None and exc.code == ResponseCode.ILLEGAL_OPERATION:
                 self.ctx.metrics.decision_conflict(h.producerGroup)
             log.info("END_TRANSACTION %s for half %d refused: %s", h.commitOrRollback, h.commitLogOffset,
                      exc.remark)
+            raise
 
     def _decided(self, cmd: RemotingCommand, h: EndTransactionRequestHeader, outcome) -> RemotingCommand:
         metrics = self.ctx.metrics

@@ -99,7 +99,8 @@ class TransactionStates:
                 callback(due)
             return result, uniq
 
-        return self.store.submit_write(write, validated=True), finish
+        future, pick = self.store.submit_checked(write)
+        return future, lambda outcomes: finish(pick(outcomes))
 
     async def decide(self, half_offset: int, group: str, queue_offset: int, decision: int,
                      from_check: bool) -> DecisionOutcome:
@@ -149,7 +150,8 @@ class TransactionStates:
                 self.sender_channels.pop(half_offset, None)
             return outcome
 
-        return self.store.submit_write(write, validated=True), finish
+        future, pick = self.store.submit_checked(write)
+        return future, lambda outcomes: finish(pick(outcomes))
 
     async def discard(self, half_offset: int, max_checks: int) -> dict | None:
         """Move a half that used up its checks to TRANS_CHECK_MAX_TIME_TOPIC, where it stays readable.
