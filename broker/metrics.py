@@ -43,6 +43,15 @@ def _histogram(name: str, doc: str, labels: list[str], bounds: tuple, table: dic
     return family
 
 
+def _topic_counters(table: dict[str, list[int]], *families: tuple[str, str]):
+    """One counter family per (name, help), labelled by topic: family i takes ``table[topic][i]``."""
+    out = [CounterMetricFamily(name, doc, labels=["topic"]) for name, doc in families]
+    for topic, values in list(table.items()):
+        for family, value in zip(out, values):
+            family.add_metric([topic], value)
+    return out
+
+
 def _code_name(code: int) -> str:
     try:
         return RequestCode(code).name
@@ -160,23 +169,13 @@ class _StateCollector:
         return []
 
     def _hot_series(self):
-        messages = CounterMetricFamily("rocketmq_messages_in", "Messages stored", labels=["topic"])
-        nbytes = CounterMetricFamily("rocketmq_throughput_in", "Body bytes stored", labels=["topic"])
-        for topic, (count, size) in list(self.metrics.messages_in.items()):
-            messages.add_metric([topic], count)
-            nbytes.add_metric([topic], size)
-        yield messages
-        yield nbytes
+        yield from _topic_counters(self.metrics.messages_in, ("rocketmq_messages_in", "Messages stored"),
+                                   ("rocketmq_throughput_in", "Body bytes stored"))
         latency = _histogram("rocketmq_rpc_latency", "Request processing time, ms", ["request_code", "response_code"],
                              _MS_BUCKETS, self.metrics.rpc_latency, lambda key: [_code_name(key[0]), str(key[1])])
         yield latency
-        commits = CounterMetricFamily("rocketmq_commit_messages", "Half messages committed", labels=["topic"])
-        rollbacks = CounterMetricFamily("rocketmq_rollback_messages", "Half messages rolled back", labels=["topic"])
-        for topic, (committed, rolled_back) in list(self.metrics.decided.items()):
-            commits.add_metric([topic], committed)
-            rollbacks.add_metric([topic], rolled_back)
-        yield commits
-        yield rollbacks
+        yield from _topic_counters(self.metrics.decided, ("rocketmq_commit_messages", "Half messages committed"),
+                                   ("rocketmq_rollback_messages", "Half messages rolled back"))
         yield _histogram("rocketmq_finish_message_latency", "Seconds from storing a half message to its decision",
                          ["topic"], _S_BUCKETS, self.metrics.finish_latency, lambda key: [key])
 

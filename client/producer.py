@@ -68,10 +68,6 @@ class Producer:
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
-    async def _register(self, addr: str) -> None:
-        if addr not in self.instance.brokers:
-            await self.instance.heartbeat(addr)
-
     def _header(self, msg: Message, queue: MessageQueue, props: dict[str, str], sys_flag: int = 0,
                 batch: bool = False) -> dict[str, str]:
         # SendMessageRequestHeaderV2's wire keys, built directly: this runs for every message.
@@ -138,7 +134,8 @@ class Producer:
         route = await self.instance.routes.get(msg.topic, self.auto_create)
         target = queue or route.write_queues[next(self._counter) % len(route.write_queues)]
         addr = route.addr_of(target.broker_name)
-        await self._register(addr)
+        if addr not in self.instance.brokers:
+            await self.instance.heartbeat(addr)
         conn = await self.instance.pool.get(addr)
         conn.oneway(RequestCode.SEND_MESSAGE_V2, self._header(msg, target, msg.wire_properties(self.uniq.next())),
                     msg.body)

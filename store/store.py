@@ -50,8 +50,7 @@ class MessageStore:
         #: called after each batch of writes was resolved (the broker writes the answers they completed)
         self.publish_hooks: list[Callable[[], None]] = []
         self._outbox: list[_Op] = []
-        self._open_put: _Op | None = None  # the outbox's last op, while single records may still join it
-        self._open_checked: _Op | None = None  # the same for submit_checked
+        self._open: _Op | None = None  # the outbox's last op, while single records or checked writes may join it
         self.closed = True
 
     # --- lifecycle ---
@@ -120,7 +119,7 @@ class MessageStore:
 
     def _flush_outbox(self) -> None:
         ops, self._outbox = self._outbox, []
-        self._open_put = self._open_checked = None
+        self._open = None
         step = self.config.max_group
         for start in range(0, len(ops), step):
             group = ops[start:start + step]
@@ -136,9 +135,9 @@ class MessageStore:
         """Store records atomically; each gets its physical offset, queue offset and store timestamp."""
         return await self._submit("put", reqs)
 
-    def submit_write(self, fn: Callable[[WriteContext], object], validated: bool = False) -> Completion:
+    def submit_write(self, fn: Callable[[WriteContext], object]) -> Completion:
         """As write, but returns a Completion at once (callbacks run as soon as the write is durable)."""
-        return self._submit("checked" if validated else "fn", fn, eager=True)
+        return self._submit("fn", fn, eager=True)
 
     def submit_messages(self, reqs: list[PutRequest]) -> asyncio.Future:
         """As put_messages, but returns the future at once (for callers that chain a callback)."""
@@ -151,25 +150,15 @@ class MessageStore:
         One completion and one callback for a whole burst of sends instead of a future each; its callbacks run
         as soon as the group is durable (see completion.py).
         """
-        op = self._open_put
-        if op is not None and self._outbox and self._outbox[-1] is op:
-            op.payload.append(req)
-            return op.future, len(op.payload) - 1
-        future = self._submit("put", [req], eager=True)
-        self._open_put = self._outbox[-1]
-        return future, 0
+        op, index = self._join("put", req)
+        return op.future, index
 
     def submit_checked(self, fn: Callable[[WriteContext], object]) -> tuple[Completion, Callable[[list], object]]:
-        """As submit_write(fn, validated=True), sharing one Completion with the other such writes queued in a row
-        in this loop iteration (the transaction decisions and halves of a burst): (completion, pick), where
+        """Queue a function that raises only before its first write (it validates, then writes), so it needs no
+        child transaction. It shares one Completion with the other such writes queued in a row in this loop
+        iteration (the transaction halves and decisions of a burst): (completion, pick), where
         ``pick(completion's value)`` returns this write's value or raises its exception."""
-        op = self._open_checked
-        if op is not None and self._outbox and self._outbox[-1] is op:
-            op.payload.append(fn)
-        else:
-            self._submit("checked_many", [fn], eager=True)
-            op = self._open_checked = self._outbox[-1]
-        index = len(op.payload) - 1
+        op, index = self._join("checked", fn)
 
         def pick(outcomes: list):
             ok, value = outcomes[index]
@@ -179,13 +168,25 @@ class MessageStore:
 
         return op.future, pick
 
+    def _join(self, kind: str, item) -> tuple[_Op, int]:
+        """Add ``item`` to the outbox's last op when it is an op of ``kind`` open for joining, else to a new one."""
+        op = self._open
+        if op is None or op.kind != kind or not self._outbox or self._outbox[-1] is not op:
+            self._submit(kind, [], eager=True)
+            op = self._open = self._outbox[-1]
+        op.payload.append(item)
+        return op, len(op.payload) - 1
+
     async def write(self, fn: Callable[[WriteContext], object], validated: bool = False):
         """Run ``fn`` in the writer's transaction, atomically; returns its result or raises its exception.
 
         Args:
             validated: ``fn`` raises only before its first write, so it needs no child transaction (faster).
         """
-        return await self._submit("checked" if validated else "fn", fn)
+        if validated:
+            future, pick = self.submit_checked(fn)
+            return pick(await future)
+        return await self._submit("fn", fn)
 
     async def set_consumer_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         await self.write(lambda ctx: ctx.set_consumer_offset(group, topic, queue_id, offset))

@@ -154,7 +154,7 @@ class WriteContext:
 
 @dataclass
 class _Op:
-    kind: str                      # "put", "checked", "checked_many" or "fn"
+    kind: str                      # "put" (records), "checked" (functions, one outcome each) or "fn"
     payload: Any
     future: Any
     outcome: tuple | None = None   # (ok, value)
@@ -213,7 +213,9 @@ class GroupWriter:
             # Validated before queueing: a failure here can only be LMDB's, which aborts the whole group.
             op.outcome = (True, [shared.put_message(req) for req in op.payload])
             return
-        if op.kind == "checked_many":  # several "checked" functions answered together, each with its outcome
+        if op.kind == "checked":
+            # Each function raises only before its first write (it validates, then writes): no child
+            # transaction is needed to undo anything, which saves a nested commit per function.
             outcomes = []
             for fn in op.payload:
                 try:
@@ -223,16 +225,6 @@ class GroupWriter:
                 except Exception as exc:
                     outcomes.append((False, exc))
             op.outcome = (True, outcomes)
-            return
-        if op.kind == "checked":
-            # The function raises only before its first write (it validates, then writes): no child
-            # transaction is needed to undo anything, which saves a nested commit per operation.
-            try:
-                op.outcome = (True, op.payload(shared))
-            except lmdb.MapFullError:
-                raise
-            except Exception as exc:
-                op.outcome = (False, exc)
             return
         shared.flush()  # the child transaction must see (and may read) everything written before it
         counters, grown = shared.counters, shared.grown
