@@ -13,10 +13,8 @@ from typing import Callable
 
 from halfmq.protocol.codes import RequestCode, ResponseCode
 from halfmq.protocol.command import RemotingCommand
-from halfmq.protocol.errors import ProtocolError
-
 from .channel import Channel
-from .errors import BrokerError
+from .errors import error_answer
 
 log = logging.getLogger(__name__)
 Handler = Callable[[Channel, RemotingCommand], object]
@@ -134,11 +132,7 @@ class Dispatcher:
             self._reply(channel, cmd, response, started)
 
     def _error_response(self, cmd: RemotingCommand, exc: Exception) -> RemotingCommand:
-        if isinstance(exc, (BrokerError, ProtocolError)):
-            log.debug("request %s failed: %s", cmd.code, exc)
-            return cmd.response(exc.code, str(exc))
-        log.exception("unexpected error processing request code %s", cmd.code)
-        return cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
+        return error_response(cmd, exc)
 
     def _reply(self, channel: Channel, request: RemotingCommand, response: RemotingCommand,
                started: float | None = None) -> None:
@@ -157,6 +151,16 @@ class Dispatcher:
                 task.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=1.0)
+
+
+def error_response(cmd: RemotingCommand, exc: BaseException) -> RemotingCommand:
+    """The answer to ``cmd`` that failed with ``exc`` (the error table in errors.py)."""
+    answer = error_answer(exc)
+    if answer is not None:
+        log.debug("request %s failed: %s", cmd.code, exc)
+        return cmd.response(*answer)
+    log.error("unexpected error processing request code %s", cmd.code, exc_info=exc)
+    return cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
 
 
 def code_name(code: int) -> str:

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from halfmq.protocol.codes import RequestCode
+from halfmq.store import HalfStatus
 
 log = logging.getLogger(__name__)
 _MS_BUCKETS = (1, 5, 10, 50, 100, 500, 1000, 3000, 10000, 30000)
@@ -111,20 +112,26 @@ class BrokerMetrics:
     def half_prepared(self, topic: str) -> None:
         self.half_open[topic] = self.half_open.get(topic, 0) + 1
 
-    def half_decided(self, state: dict) -> None:
-        topic = state["topic"]
-        self.half_open[topic] = max(0, self.half_open.get(topic, 0) - 1)
+    def half_decided(self, state, was_open: bool = True) -> None:
+        """A half reached ``state`` (a HalfState); ``was_open``: it was pending until now."""
+        topic = state.topic
+        if was_open:
+            self.half_open[topic] = max(0, self.half_open.get(topic, 0) - 1)
         decided = self.decided.get(topic)
         if decided is None:
             decided = self.decided[topic] = [0, 0]  # committed, rolled back
-        if state["state"] == "COMMITTED":
+        if state.status is HalfStatus.COMMITTED:
             decided[0] += 1
-        elif state["state"] == "ROLLED_BACK":
+        elif state.status is HalfStatus.ROLLED_BACK:
             decided[1] += 1
-        elif state["state"] == "DISCARDED":
+        elif state.status is HalfStatus.DISCARDED:
             self.discarded.inc()
-        if "decided_ts" in state:
-            _observe(self.finish_latency, topic, _S_BUCKETS, max(0, state["decided_ts"] - state["store_ts"]) / 1000)
+        if state.decided_ts is not None and was_open:
+            _observe(self.finish_latency, topic, _S_BUCKETS, max(0, state.decided_ts - state.store_ts) / 1000)
+
+    def half_reopened(self, topic: str) -> None:
+        """A discarded half was resumed: it is open again."""
+        self.half_prepared(topic)
 
     def repeated_decision(self, from_check: bool) -> None:
         if from_check:
@@ -144,8 +151,8 @@ class BrokerMetrics:
         store = self.ctx.store
         for _due, offset in store.due_halves(2 ** 62, 2 ** 31):
             state = store.get_half(offset)
-            if state is not None:
-                self.half_open[state["topic"]] = self.half_open.get(state["topic"], 0) + 1
+            if state is not None and state.pending:
+                self.half_open[state.topic] = self.half_open.get(state.topic, 0) + 1
 
     def serve(self, addr: str, port: int) -> int:
         """Start the HTTP exporter; returns the bound port."""
@@ -218,3 +225,5 @@ class _StateCollector:
                                 value=stats.get("last_group_size", 0))
         yield CounterMetricFamily("halfmq_store_groups", "Group commits", value=stats.get("total_groups", 0))
         yield CounterMetricFamily("halfmq_store_ops", "Writes committed", value=stats.get("total_ops", 0))
+        yield CounterMetricFamily("halfmq_store_corrupt_records", "Stored messages that failed their CRC check when "
+                                  "read (never served)", value=stats.get("corrupt_records", 0))

@@ -175,6 +175,8 @@ class Broker:
         try:
             for server in self.servers:
                 server.close()
+            self.connections.stop_reading()
+            self.namesrv_connections.stop_reading()
             if self.ctx is not None:
                 self.ctx.long_poll.release_all()
                 await self.dispatcher.drain(self.config.shutdownGraceSeconds)

@@ -1,13 +1,14 @@
-"""Topic configurations: system topics, validation, auto-creation and persistence."""
+"""Topic configurations: system topics, auto-creation and persistence. Name rules live in names.py."""
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import asdict, dataclass
 
 from halfmq.protocol.codes import Perm, ResponseCode
+from halfmq.store.ops import DeleteTopic, PutTopic
 
 from .errors import BrokerError
+from .names import DLQ_PREFIX, RETRY_PREFIX, validate_topic_name  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -18,15 +19,11 @@ CHECK_MAX_TIME_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 SELF_TEST_TOPIC = "SELF_TEST_TOPIC"
 OFFSET_MOVED_EVENT = "OFFSET_MOVED_EVENT"
-RETRY_PREFIX = "%RETRY%"
-DLQ_PREFIX = "%DLQ%"
 
 #: Topics producers may not send to (reference §3.1 step 3).
 SEND_FORBIDDEN = frozenset({SCHEDULE_TOPIC, HALF_TOPIC, OP_HALF_TOPIC, CHECK_MAX_TIME_TOPIC, SELF_TEST_TOPIC,
                             OFFSET_MOVED_EVENT})
 SYSTEM_TOPICS = SEND_FORBIDDEN | {DEFAULT_TOPIC}
-_VALID = re.compile(r"^[%|a-zA-Z0-9_-]+$")
-MAX_TOPIC_LENGTH = 127
 
 
 @dataclass(frozen=True)
@@ -50,18 +47,6 @@ class TopicConfig:
     @property
     def writable(self) -> bool:
         return bool(self.perm & Perm.WRITE)
-
-
-def validate_topic_name(name: str) -> None:
-    """Raises BrokerError(SYSTEM_ERROR) for a blank, too long or badly spelled topic."""
-    if not name or not name.strip():
-        raise BrokerError(ResponseCode.SYSTEM_ERROR, "The specified topic is blank.")
-    if len(name) > MAX_TOPIC_LENGTH:
-        raise BrokerError(ResponseCode.SYSTEM_ERROR,
-                          f"The specified topic is longer than topic max length {MAX_TOPIC_LENGTH}.")
-    if not _VALID.match(name):
-        raise BrokerError(ResponseCode.SYSTEM_ERROR,
-                          f"The specified topic[{name}] contains illegal characters, allowing only ^[%|a-zA-Z0-9_-]+$")
 
 
 class TopicManager:
@@ -91,15 +76,22 @@ class TopicManager:
         return self.topics.get(name)
 
     async def put(self, config: TopicConfig) -> None:
+        """Create or replace a topic; every new topic (admin, auto-created, retry, DLQ) passes here.
+
+        Raises:
+            BrokerError: SYSTEM_ERROR for a name that names.py refuses.
+        """
+        # Retry and DLQ topics are named after a client's group: checked here as well, whoever asks for one.
+        validate_topic_name(config.name)
         self.topics[config.name] = config
-        await self.store.put_topic(config.name, asdict(config))
+        await self.store.submit(PutTopic(config.name, asdict(config)))
 
     async def delete(self, name: str) -> bool:
         if name in SYSTEM_TOPICS:
             raise BrokerError(ResponseCode.SYSTEM_ERROR, f"The topic[{name}] is conflict with system topic.")
         if self.topics.pop(name, None) is None:
             return False
-        await self.store.delete_topic(name)
+        await self.store.submit(DeleteTopic(name))
         return True
 
     async def ensure_for_send(self, name: str, default_topic: str, default_queue_nums: int) -> TopicConfig:

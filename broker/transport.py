@@ -45,6 +45,12 @@ class ConnectionSet:
                 log.info("closing idle connection %s", proto.channel.remote)
                 proto.channel.close()
 
+    def stop_reading(self) -> None:
+        """Shutdown, first step: read no more requests (frames read but not yet dispatched are dropped unanswered:
+        nothing of them was stored), so every request that is stored is also answered before the close."""
+        for proto in list(self.protocols):
+            proto.stop_reading()
+
     def close_all(self) -> None:
         for proto in list(self.protocols):
             if proto.transport is not None:
@@ -64,6 +70,14 @@ class BrokerProtocol(asyncio.Protocol):
         self._writing_paused = False
         self._backlog: deque = deque()  # frames read but not dispatched yet (in-flight limit, or the next slice)
         self._slice_scheduled = False
+        self._stopped = False
+
+    def stop_reading(self) -> None:
+        self._stopped = True
+        self._backlog.clear()
+        if self.transport is not None and not self.transport.is_closing() and not self._reading_paused:
+            self._reading_paused = True
+            self.transport.pause_reading()
 
     # --- asyncio.Protocol ---
     def connection_made(self, transport) -> None:
@@ -87,7 +101,7 @@ class BrokerProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         channel = self.channel
-        if channel is None or channel.closed:
+        if channel is None or channel.closed or self._stopped:
             return
         channel.last_active = time.monotonic()
         try:
@@ -153,7 +167,7 @@ class BrokerProtocol(asyncio.Protocol):
             self._update_reading()
 
     def _update_reading(self) -> None:
-        should_pause = self._writing_paused or self.inflight >= self.max_inflight
+        should_pause = self._stopped or self._writing_paused or self.inflight >= self.max_inflight
         if should_pause == self._reading_paused or self.transport is None or self.transport.is_closing():
             return
         self._reading_paused = should_pause

@@ -232,6 +232,22 @@ def rewrite_record(buf: bytes, topic: str, queue_id: int, properties_text: str) 
     return out
 
 
+def body_crc_matches(buf) -> bool:
+    """Whether the record's stored body CRC matches its body (False too for a record too short to hold one)."""
+    try:
+        (sys_flag,) = _I32.unpack_from(buf, SYSFLAG_POS)
+        (crc,) = _I32.unpack_from(buf, 8)
+        p = BORN_HOST_POS + (20 if sys_flag & SysFlag.BORNHOST_V6 else 8) + 8
+        p += (20 if sys_flag & SysFlag.STOREHOST_V6 else 8) + 12
+        (body_len,) = _I32.unpack_from(buf, p)
+    except struct.error:
+        return False
+    p += 4
+    if body_len < 0 or p + body_len > len(buf):
+        return False
+    return zlib.crc32(memoryview(buf)[p:p + body_len]) & 0x7FFFFFFF == crc
+
+
 def mark_committed(buf: bytearray, prepared_offset: int) -> None:
     """In place: transaction type := COMMIT and preparedTransactionOffset := ``prepared_offset``."""
     (sys_flag,) = _I32.unpack_from(buf, SYSFLAG_POS)

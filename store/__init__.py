@@ -1,8 +1,13 @@
 """The LMDB store: commit log, consume queues, consumer offsets, topics and transaction state."""
 from .config import StoreConfig
-from .errors import StoreClosedError, StoreError, StoreFullError
+from .errors import (CorruptRecordError, CorruptStoreError, HalfConflictError, HalfMismatchError, HalfNotFoundError,
+                     InvalidWriteError, StoreClosedError, StoreError, StoreFullError, StoreLockedError,
+                     StoreUnavailableError)
+from .halfs import HalfState, HalfStatus
+from .requests import PutRequest, PutResult, message_request, record_request
 from .store import MessageStore, StoredEntry
-from .writer import PutRequest, PutResult, WriteContext
 
-__all__ = ["MessageStore", "StoreConfig", "PutRequest", "PutResult", "StoredEntry", "StoreError",
-           "StoreFullError", "StoreClosedError", "WriteContext"]
+__all__ = ["MessageStore", "StoreConfig", "PutRequest", "PutResult", "StoredEntry", "message_request",
+           "record_request", "HalfState", "HalfStatus", "StoreError", "StoreFullError", "StoreClosedError",
+           "StoreUnavailableError", "InvalidWriteError", "CorruptRecordError", "CorruptStoreError",
+           "StoreLockedError", "HalfNotFoundError", "HalfMismatchError", "HalfConflictError"]

@@ -8,4 +8,3 @@ class StoreConfig:
     map_size: int = 8 << 30               #: mapSize, bytes
     flush_disk_type: str = "SYNC_FLUSH"   #: or "ASYNC_FLUSH"
     flush_interval_ms: int = 500          #: flushIntervalCommitLog, ASYNC_FLUSH only
-    max_group: int = 4096                 #: most operations in one write transaction

@@ -1,30 +1,41 @@
 """MessageStore: the commit log, consume queues, offsets, topics and transaction tables in one LMDB env.
 
-Writes are coroutines that go through group commit (see writer.py); reads are plain methods on the event loop
-thread, in short read-only transactions. Readers see a queue's new entries only once the group that wrote
-them is durable: the loop-side queue bounds advance in the same hand-off that resolves the writers' futures.
+Writes: ``submit(op)`` (ops.py, txops.py) returns a Completion. The ops of one loop iteration go to the writer
+process (writer.py) as one group; a Completion resolves once its group is durable (SYNC_FLUSH) or committed
+(ASYNC_FLUSH), with the op's value or its exception. Reads are plain methods on the event loop thread, in short
+read-only transactions of the broker's own environment handle. Readers see a queue's new entries only once the
+group that wrote them is published: the queue bounds advance in the same hand-off that resolves the Completions.
+
+Integrity: every record served is checked against its body CRC (a mismatch is logged, counted and raised as
+CorruptRecordError, never served), and at start the newest records are checked before the store is used.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
+import struct
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import lmdb
 import msgpack
 
-from .config import StoreConfig
-from .errors import StoreClosedError
-from .keys import (CQ_VALUE, DUE_KEY, QUEUE_KEY, QUEUE_PREFIX, TOPIC_ID, U64, offset_key, parse_offset_key)
+from halfmq.protocol.message import body_crc_matches
+
 from .completion import Completion
-from .syncer import Syncer
-from .writer import Counters, GroupWriter, PutRequest, WriteContext, _Op
+from .config import StoreConfig
+from .errors import CorruptRecordError, CorruptStoreError, StoreClosedError
+from .halfs import HalfState
+from .keys import CQ_VALUE, DUE_KEY, QUEUE_KEY, U64, offset_key, parse_offset_key
+from .link import WriterLink
+from .ops import Op
+from .owner import StoreOwner
+from .writer import DBS, open_env
 
 log = logging.getLogger(__name__)
-_DBS = ("commitlog", "cq", "topic_ids", "offsets", "topics", "halfs", "due", "meta", "keys")
 MIN_SCAN = 800
+START_CHECK_RECORDS = 64  #: newest records whose CRC is checked at start
 
 
 @dataclass(frozen=True)
@@ -39,62 +50,81 @@ class StoredEntry:
 class MessageStore:
     def __init__(self, config: StoreConfig):
         self.config = config
+        self.path = os.path.join(config.root, "lmdb")
         self.env: lmdb.Environment | None = None
         self.dbs: dict = {}
-        self.writer: GroupWriter | None = None
-        self.syncer: Syncer | None = None
+        self.link: WriterLink | None = None
+        self.owner = StoreOwner(self.path)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.queue_max: dict[tuple[str, int], int] = {}
         self.topic_ids: dict[str, int] = {}
         self.listeners: list[Callable[[str, int, int], None]] = []
         #: called after each batch of writes was resolved (the broker writes the answers they completed)
         self.publish_hooks: list[Callable[[], None]] = []
-        self._outbox: list[_Op] = []
-        self._open: _Op | None = None  # the outbox's last op, while single records or checked writes may join it
+        self._outbox: list[Op] = []
+        self._outbox_completions: list[Completion] = []
         self.closed = True
+        self.corrupt_records = 0
+        self.total_groups = 0
+        self.total_ops = 0
+        self.last_group_size = 0
 
     # --- lifecycle ---
     async def open(self) -> None:
-        """Open (creating) the environment and start the writer. Costs one cursor step per queue, no replay."""
+        """Take ownership of the folder, start the writer process, open the read handle and check the store.
+
+        Raises:
+            StoreLockedError: another broker owns the folder.
+            CorruptStoreError: the store cannot be opened, or its newest records fail their check.
+        """
         cfg = self.config
-        path = os.path.join(cfg.root, "lmdb")
-        os.makedirs(path, exist_ok=True)
-        self.env = lmdb.open(path, map_size=cfg.map_size, max_dbs=len(_DBS) + 2, max_readers=1024, sync=False,
-                             metasync=False, readahead=False, lock=True)
-        self.dbs = {name: self.env.open_db(name.encode()) for name in _DBS}
-        counters = self._load_counters()
-        self.queue_max = dict(counters.queue_max)
-        self.topic_ids = dict(counters.topic_ids)
+        os.makedirs(self.path, exist_ok=True)
+        lock_fd = self.owner.acquire()
         self.loop = asyncio.get_running_loop()
-        self.writer = GroupWriter(self.env, self.dbs, counters)
-        self.syncer = Syncer(os.path.join(path, "data.mdb"), self.loop, cfg.flush_disk_type == "SYNC_FLUSH",
-                             cfg.flush_interval_ms / 1000, self._publish)
-        self.syncer.start()
+        self.link = WriterLink(self.path, cfg.map_size, cfg.flush_disk_type == "SYNC_FLUSH", cfg.flush_interval_ms,
+                               self._publish, self._on_writer_ready, inherit_fds=(lock_fd,))
+        self.link.new_topics = lambda topics: self.topic_ids.update(topics)
+        try:
+            await self.link.start()
+            try:
+                self.env = open_env(self.path, cfg.map_size, readonly=True)
+                self.dbs = {name: self.env.open_db(name.encode(), create=False) for name in DBS}
+            except lmdb.Error as exc:
+                raise CorruptStoreError(f"the store at {self.path} cannot be opened: {exc}") from None
+            self._check_newest()
+        except BaseException:
+            await self.link.close()
+            if self.env is not None:
+                self.env.close()
+            self.owner.release()
+            raise
         self.closed = False
 
-    def _load_counters(self) -> Counters:
-        counters = Counters()
+    def _on_writer_ready(self, queue_max: dict, topic_ids: dict) -> None:
+        self.queue_max = dict(queue_max)
+        self.topic_ids = dict(topic_ids)
+
+    def _check_newest(self) -> None:
+        """The newest records must be whole and match their CRCs, and every queue must point into the log."""
         with self.env.begin() as txn:
             cur = txn.cursor(db=self.dbs["commitlog"])
-            if cur.last():
-                counters.next_physical = U64.unpack(cur.key())[0] + len(cur.value())
-            for key, value in txn.cursor(db=self.dbs["topic_ids"]):
-                counters.topic_ids[key.decode()] = TOPIC_ID.unpack(value)[0]
-            names = {tid: name for name, tid in counters.topic_ids.items()}
-            cur = txn.cursor(db=self.dbs["cq"])
-            found = cur.first()
-            while found:
-                tid, queue_id, _offset = QUEUE_KEY.unpack(cur.key())
-                # Jump to the first key after this queue, step back once: that is the queue's last entry.
-                if cur.set_range(QUEUE_PREFIX.pack(tid, queue_id + 1) if queue_id < 0xFFFFFFFF
-                                 else QUEUE_PREFIX.pack(tid + 1, 0)):
-                    cur.prev()
-                else:
-                    cur.last()
-                last = QUEUE_KEY.unpack(cur.key())[2]
-                counters.queue_max[(names[tid], queue_id)] = last + 1
-                found = cur.next()
-        return counters
+            checked = 0
+            found = cur.last()
+            end = U64.unpack(cur.key())[0] + len(cur.value()) if found else 0
+            while found and checked < START_CHECK_RECORDS:
+                offset = U64.unpack(cur.key())[0]
+                if not body_crc_matches(cur.value()):
+                    raise CorruptStoreError(f"the store at {self.path} is corrupted: the message at commit-log "
+                                            f"offset {offset} fails its body CRC check; restore it from a backup "
+                                            "(or move it aside to start empty)")
+                checked += 1
+                found = cur.prev()
+            for (topic, queue_id), top in self.queue_max.items():
+                tid = self.topic_ids.get(topic)
+                value = txn.get(QUEUE_KEY.pack(tid, queue_id, top - 1), db=self.dbs["cq"]) if tid else None
+                if value is None or CQ_VALUE.unpack(value)[0] >= end:
+                    raise CorruptStoreError(f"the store at {self.path} is corrupted: queue {topic}/{queue_id} "
+                                            "points past the end of the commit log")
 
     async def close(self) -> None:
         """Refuse new writes, let queued ones finish and sync, close."""
@@ -102,118 +132,48 @@ class MessageStore:
             return
         self.closed = True
         self._flush_outbox()
-        await self.syncer.close()
-        self.env.sync(True)
+        await self.link.close()
         self.env.close()
+        self.owner.release()
 
     # --- writes ---
-    def _submit(self, kind: str, payload, eager: bool = False) -> asyncio.Future | Completion:
+    def submit(self, op: Op) -> Completion:
+        """Queue ``op`` for this loop iteration's group; its Completion resolves once the group is durable.
+
+        Raises:
+            StoreClosedError: the store is closed.
+        """
         if self.closed:
             raise StoreClosedError("the store is closed")
-        fut = Completion(self.loop) if eager else self.loop.create_future()
-        # Writes made in one loop iteration are committed together at its end: one group.
+        completion = Completion(self.loop)
+        # Writes made in one loop iteration go to the writer together at its end: one group.
         if not self._outbox:
             self.loop.call_soon(self._flush_outbox)
-        self._outbox.append(_Op(kind, payload, fut))
-        return fut
+        self._outbox.append(op)
+        self._outbox_completions.append(completion)
+        return completion
 
     def _flush_outbox(self) -> None:
-        ops, self._outbox = self._outbox, []
-        self._open = None
-        step = self.config.max_group
-        for start in range(0, len(ops), step):
-            group = ops[start:start + step]
-            grown = self.writer.commit(group)
-            if grown is None:  # nothing was stored: answer the failures at once
-                self._publish(group, {})
-                continue
-            if not self.syncer.sync_each:
-                self._publish(group, grown)
-            self.syncer.submit(group, grown)
+        ops, completions = self._outbox, self._outbox_completions
+        if not ops:
+            return
+        self._outbox, self._outbox_completions = [], []
+        self.total_groups += 1
+        self.total_ops += len(ops)
+        self.last_group_size = len(ops)
+        self.link.send(ops, completions)
 
-    async def put_messages(self, reqs: list[PutRequest]) -> list:
-        """Store records atomically; each gets its physical offset, queue offset and store timestamp."""
-        return await self._submit("put", reqs)
-
-    def submit_write(self, fn: Callable[[WriteContext], object]) -> Completion:
-        """As write, but returns a Completion at once (callbacks run as soon as the write is durable)."""
-        return self._submit("fn", fn, eager=True)
-
-    def submit_messages(self, reqs: list[PutRequest]) -> asyncio.Future:
-        """As put_messages, but returns the future at once (for callers that chain a callback)."""
-        return self._submit("put", reqs)
-
-    def submit_message(self, req: PutRequest) -> tuple[Completion, int]:
-        """Queue one record: (completion, index), where the completion's value lists the PutResults of every
-        record queued in a row in this loop iteration and ``index`` is this record's place in it.
-
-        One completion and one callback for a whole burst of sends instead of a future each; its callbacks run
-        as soon as the group is durable (see completion.py).
-        """
-        op, index = self._join("put", req)
-        return op.future, index
-
-    def submit_checked(self, fn: Callable[[WriteContext], object]) -> tuple[Completion, Callable[[list], object]]:
-        """Queue a function that raises only before its first write (it validates, then writes), so it needs no
-        child transaction. It shares one Completion with the other such writes queued in a row in this loop
-        iteration (the transaction halves and decisions of a burst): (completion, pick), where
-        ``pick(completion's value)`` returns this write's value or raises its exception."""
-        op, index = self._join("checked", fn)
-
-        def pick(outcomes: list):
-            ok, value = outcomes[index]
-            if not ok:
-                raise value
-            return value
-
-        return op.future, pick
-
-    def _join(self, kind: str, item) -> tuple[_Op, int]:
-        """Add ``item`` to the outbox's last op when it is an op of ``kind`` open for joining, else to a new one."""
-        op = self._open
-        if op is None or op.kind != kind or not self._outbox or self._outbox[-1] is not op:
-            self._submit(kind, [], eager=True)
-            op = self._open = self._outbox[-1]
-        op.payload.append(item)
-        return op, len(op.payload) - 1
-
-    async def write(self, fn: Callable[[WriteContext], object], validated: bool = False):
-        """Run ``fn`` in the writer's transaction, atomically; returns its result or raises its exception.
-
-        Args:
-            validated: ``fn`` raises only before its first write, so it needs no child transaction (faster).
-        """
-        if validated:
-            future, pick = self.submit_checked(fn)
-            return pick(await future)
-        return await self._submit("fn", fn)
-
-    async def set_consumer_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
-        await self.write(lambda ctx: ctx.set_consumer_offset(group, topic, queue_id, offset))
-
-    async def put_topic(self, name: str, config: dict) -> None:
-        await self.write(lambda ctx: ctx.put_topic(name, config))
-
-    async def delete_topic(self, name: str) -> None:
-        await self.write(lambda ctx: ctx.delete_topic(name))
-
-    async def put_meta(self, key: str, value) -> None:
-        await self.write(lambda ctx: ctx.put_meta(key, value))
-
-    def _publish(self, ops: list[_Op], grown: dict) -> None:
-        """Once a group is durable (or failed): advance queue bounds, resolve futures, notify."""
+    def _publish(self, items: list, grown: dict) -> None:
+        """Groups are durable (or failed): advance queue bounds, resolve Completions, notify."""
+        queue_max = self.queue_max
         for key, new_max in grown.items():
-            if new_max > self.queue_max.get(key, 0):
-                self.queue_max[key] = new_max
-        self.topic_ids = self.writer.counters.topic_ids
-        for op in ops:
-            if op.future.done():
-                continue
-            ok, value = op.outcome
+            if new_max > queue_max.get(key, 0):
+                queue_max[key] = new_max
+        for completion, (ok, value) in items:
             if ok:
-                op.future.set_result(value)
+                completion.set_result(value)
             else:
-                op.future.set_exception(value)
+                completion.set_exception(value)
         for (topic, queue_id), new_max in grown.items():
             for listener in self.listeners:
                 try:
@@ -229,15 +189,35 @@ class MessageStore:
     def add_arrival_listener(self, callback: Callable[[str, int, int], None]) -> None:
         self.listeners.append(callback)
 
+    # --- integrity ---
+    def _corrupt(self, physical_offset: int, where: str) -> CorruptRecordError:
+        self.corrupt_records += 1
+        log.error("the stored message at commit-log offset %d (%s) fails its body CRC check; not served",
+                  physical_offset, where)
+        return CorruptRecordError(physical_offset, "body CRC mismatch")
+
     # --- reads: messages ---
     def read_record(self, physical_offset: int) -> bytes | None:
+        """The record at ``physical_offset``, or None.
+
+        Raises:
+            CorruptRecordError: it fails its body CRC check.
+        """
         with self.env.begin(buffers=False) as txn:
-            return txn.get(U64.pack(physical_offset), db=self.dbs["commitlog"])
+            raw = txn.get(U64.pack(physical_offset), db=self.dbs["commitlog"])
+        if raw is not None and not body_crc_matches(raw):
+            raise self._corrupt(physical_offset, "read by offset")
+        return raw
 
     def read_records(self, physical_offsets: list[int]) -> list[bytes]:
-        with self.env.begin() as txn:
+        """Records that exist, each checked (raises CorruptRecordError)."""
+        with self.env.begin(buffers=False) as txn:
             db = self.dbs["commitlog"]
-            return [txn.get(U64.pack(p), db=db) for p in physical_offsets]
+            raws = [(p, txn.get(U64.pack(p), db=db)) for p in physical_offsets]
+        for p, raw in raws:
+            if raw is not None and not body_crc_matches(raw):
+                raise self._corrupt(p, "read by offset")
+        return [raw for _p, raw in raws if raw is not None]
 
     def max_offset(self, topic: str, queue_id: int) -> int:
         return self.queue_max.get((topic, queue_id), 0)
@@ -278,7 +258,8 @@ class MessageStore:
         scanned. Scans at most max(800, 20 × max_entries) entries.
 
         Every pull runs this, entry by entry: a queue's offsets are consecutive, so the scan counts them instead of
-        decoding keys, and no object is made per entry."""
+        decoding keys, and no object is made per entry. A record failing its CRC check ends the answer before it;
+        when it would be the first, CorruptRecordError is raised (it is never served)."""
         records: list[bytes] = []
         tid = self.topic_ids.get(topic)
         next_offset = max(start_offset, 0)
@@ -291,6 +272,7 @@ class MessageStore:
             if not cur.set_key(QUEUE_KEY.pack(tid, queue_id, next_offset)):
                 return records, start_offset
             get, log_db, unpack_entry, pack_offset = txn.get, self.dbs["commitlog"], CQ_VALUE.unpack, U64.pack
+            crc_ok = body_crc_matches
             for value in cur.iternext(keys=False):
                 if next_offset >= stop:
                     break
@@ -300,10 +282,15 @@ class MessageStore:
                     continue
                 if records and total + size > max_bytes:
                     break
-                next_offset += 1
                 raw = get(pack_offset(physical), db=log_db)
                 if raw is None:
+                    next_offset += 1
                     continue
+                if not crc_ok(raw):
+                    if records:
+                        break
+                    raise self._corrupt(physical, f"queue {topic}/{queue_id} offset {next_offset}")
+                next_offset += 1
                 records.append(raw)
                 total += size
                 if len(records) >= max_entries:
@@ -351,8 +338,7 @@ class MessageStore:
                     if not k.startswith(prefix) or len(k) != len(prefix) + 8:
                         break
                     offsets.append(U64.unpack(k[len(prefix):])[0])
-            log_db = self.dbs["commitlog"]
-            return [raw for raw in (txn.get(U64.pack(o), db=log_db) for o in offsets[-max_num:]) if raw]
+        return self.read_records(offsets[-max_num:])
 
     def earliest_store_time(self, topic: str, queue_id: int) -> int:
         entries = self.get_queue_entries(topic, queue_id, self.min_offset(topic, queue_id), 1)
@@ -365,8 +351,15 @@ class MessageStore:
         return None if raw is None else U64.unpack(raw)[0]
 
     def consumer_offsets(self, group: str | None = None) -> Iterator[tuple[str, str, int, int]]:
+        """Every stored consumer offset; a row whose key cannot be read (written before names were validated) is
+        logged and skipped, so it never stops the broker from starting."""
+        rows = []
         with self.env.begin() as txn:
-            rows = [(*parse_offset_key(k), U64.unpack(v)[0]) for k, v in txn.cursor(db=self.dbs["offsets"])]
+            for key, value in txn.cursor(db=self.dbs["offsets"]):
+                try:
+                    rows.append((*parse_offset_key(key), U64.unpack(value)[0]))
+                except (ValueError, UnicodeDecodeError, struct.error):
+                    log.warning("skipping an unreadable consumer offset row %r in %s", bytes(key[:80]), self.path)
         return iter([r for r in rows if group is None or r[0] == group])
 
     def get_topic(self, name: str) -> dict | None:
@@ -384,20 +377,25 @@ class MessageStore:
         return None if raw is None else msgpack.unpackb(raw)
 
     # --- reads: transactions ---
-    def get_half(self, half_offset: int) -> dict | None:
+    def get_half(self, half_offset: int) -> HalfState | None:
         with self.env.begin() as txn:
             raw = txn.get(U64.pack(half_offset), db=self.dbs["halfs"])
-        return None if raw is None else msgpack.unpackb(raw)
+        return None if raw is None else HalfState.from_bytes(raw)
 
-    def halves_with_records(self, half_offsets: list[int]) -> list[tuple[dict | None, bytes | None]]:
-        """(state, stored record) of each half, read in one transaction."""
+    def halves_with_records(self, half_offsets: list[int]) -> list[tuple[HalfState | None, bytes | None]]:
+        """(state, stored record) of each half, read in one transaction; a record failing its CRC check is
+        reported (logged, counted) and given as None."""
         out = []
-        with self.env.begin() as txn:
+        with self.env.begin(buffers=False) as txn:
             halfs, log_db = self.dbs["halfs"], self.dbs["commitlog"]
             for offset in half_offsets:
                 key = U64.pack(offset)
                 raw = txn.get(key, db=halfs)
-                out.append((None if raw is None else msgpack.unpackb(raw), txn.get(key, db=log_db)))
+                out.append((None if raw is None else HalfState.from_bytes(raw), txn.get(key, db=log_db)))
+        for index, (state, record) in enumerate(out):
+            if record is not None and not body_crc_matches(record):
+                self._corrupt(half_offsets[index], "half message")
+                out[index] = (state, None)
         return out
 
     def due_halves(self, until_ms: int, limit: int) -> list[tuple[int, int]]:
@@ -419,9 +417,9 @@ class MessageStore:
         with self.env.begin() as txn:
             return txn.stat(self.dbs["due"])["entries"]
 
-    def iter_halves(self) -> Iterator[tuple[int, dict]]:
+    def iter_halves(self) -> Iterator[tuple[int, HalfState]]:
         with self.env.begin() as txn:
-            rows = [(U64.unpack(k)[0], msgpack.unpackb(v)) for k, v in txn.cursor(db=self.dbs["halfs"])]
+            rows = [(U64.unpack(k)[0], HalfState.from_bytes(v)) for k, v in txn.cursor(db=self.dbs["halfs"])]
         return iter(rows)
 
     def stats(self) -> dict:
@@ -429,9 +427,9 @@ class MessageStore:
         stat = self.env.stat()
         with self.env.begin() as txn:
             entries = {name: txn.stat(db)["entries"] for name, db in self.dbs.items()}
-        w = self.writer
+        link = self.link
         return {"map_size": info["map_size"], "used_bytes": (info["last_pgno"] + 1) * stat["psize"],
-                "entries": entries, "last_group_size": w.last_group_size if w else 0,
-                "last_commit_seconds": w.last_commit_seconds if w else 0.0,
-                "last_sync_seconds": self.syncer.last_sync_seconds if self.syncer else 0.0,
-                "total_groups": w.total_groups if w else 0, "total_ops": w.total_ops if w else 0}
+                "entries": entries, "last_group_size": self.last_group_size,
+                "last_commit_seconds": link.last_commit_seconds, "last_sync_seconds": link.last_sync_seconds,
+                "total_groups": self.total_groups, "total_ops": self.total_ops,
+                "corrupt_records": self.corrupt_records}

@@ -1,259 +1,263 @@
-"""Group commit: every write of one loop iteration in one LMDB write transaction.
+"""The writer process: it owns every LMDB write transaction of a store and makes groups durable.
 
-Operations queue up during a loop iteration; at its end ``GroupWriter`` applies them (up to ``max_group`` at a
-time) in ONE LMDB write transaction on the loop thread and commits it without syncing; ``syncer.Syncer`` then
-makes it durable before anything is answered (SYNC_FLUSH). A function operation runs in a child transaction,
-so its failure leaves no partial write and does not affect the others of its group; a full map aborts the
-whole group.
+``MessageStore`` sends it groups of ops (ops.py, txops.py) over a socket; it applies each batch of groups that
+arrived together in ONE write transaction (group commit) and answers with their outcomes.
 
-Why the loop thread writes: py-lmdb releases the GIL in every call, and a writer thread had to win it back
-from the busy loop (and compete with the clients for a core) five to seven times per group, which stretched
-a 0.5 ms commit to 2-3 ms and kept the broker in lock step with its clients. Records and queue entries also
-go in with one ``putmulti`` per table instead of a ``put`` each.
+Power-loss ordering. LMDB runs with MDB_NOMETASYNC: a commit writes its data pages, fdatasyncs them, and only then
+writes its meta page (unsynced). A meta page can therefore never reach the disk before the pages it points to,
+which MDB_NOSYNC plus an outside fdatasync does not guarantee (a later, unsynced commit's meta page could be
+written back first and point at pages that never arrived: a corrupted store after a power cut). A commit's own
+meta page becomes durable with the next commit's data sync, or with an explicit sync when nothing more is queued.
+So with SYNC_FLUSH a group is acknowledged once a sync that started after its commit has completed: under load
+that is the next group's commit (one fdatasync per group, as before), when idle an explicit ``env.sync``. With
+ASYNC_FLUSH groups are acknowledged at commit and the meta page is synced every flush interval: a power cut may
+lose the last interval, never the store.
+
+A process, not a thread: the commit waits on the disk (20 ms and more on a network disk) and py-lmdb gives up the
+GIL in every call, so a writer thread either stalls the event loop or fights it for the GIL at every put. Here the
+broker's loop never waits on the disk: reads go on in the broker's own read transactions meanwhile.
+
+Isolation. An op checks everything before its first write; one that fails cleanly leaves nothing. An op that
+fails after writing (a broken contract, an LMDB error) aborts the transaction and the group is applied again
+without it, so a group commit never holds half an op. A full map fails the whole group (nothing written).
+
+The process is started by link.py (writer_process.py is its entry point).
 """
 from __future__ import annotations
 
 import logging
+import os
+import pickle
+import select
+import signal
+import socket
+import struct
+import sys
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple
 
 import lmdb
-import msgpack
 
-from halfmq.protocol.message import stamp_record
-
-from .errors import StoreFullError
-from .keys import CQ_VALUE, DUE_KEY, QUEUE_KEY, TOPIC_ID, U64, offset_key
+from .context import Counters, WriteContext
+from .errors import StoreError, StoreFullError
+from .keys import QUEUE_KEY, QUEUE_PREFIX, TOPIC_ID, U64
 
 log = logging.getLogger(__name__)
+DBS = ("commitlog", "cq", "topic_ids", "offsets", "topics", "halfs", "due", "meta", "keys")
+FRAME = struct.Struct(">I")
+MAX_GROUP_OPS = 4096  #: most ops in one write transaction (bounds a transaction's dirty pages and its latency)
 
 
-@dataclass
-class PutRequest:
-    topic: str
-    queue_id: int
-    record: bytearray
-    tags_code: int = 0
-    index: bool = True
-    keys: str | None = None  # space-separated business keys, indexed for QUERY_MESSAGE
+def open_env(path: str, map_size: int, readonly: bool) -> lmdb.Environment:
+    # sync=True, metasync=False is MDB_NOMETASYNC (see the module docstring).
+    return lmdb.open(path, map_size=map_size, max_dbs=len(DBS) + 2, max_readers=1024, sync=True, metasync=False,
+                     readahead=False, lock=True, readonly=readonly, create=not readonly)
 
 
-class PutResult(NamedTuple):
-    physical_offset: int
-    queue_offset: int
-    store_timestamp: int
-    size: int
-
-
-@dataclass
-class Counters:
-    """The writer's view of where the next record and queue entries go."""
-
-    next_physical: int = 0
-    queue_max: dict[tuple[str, int], int] = field(default_factory=dict)
-    topic_ids: dict[str, int] = field(default_factory=dict)
-
-    def copy(self) -> "Counters":
-        return Counters(self.next_physical, dict(self.queue_max), dict(self.topic_ids))
-
-
-class WriteContext:
-    """The primitives a write operation may use; valid only inside it.
-
-    Stored records and their queue entries wait in buffers until ``flush`` (or a read that could need them).
-    """
-
-    def __init__(self, txn, dbs, counters: Counters, now_ms: int, grown: dict):
-        self.txn = txn
-        self.dbs = dbs
-        self.counters = counters
-        self.now_ms = now_ms
-        self.grown = grown
-        self._records: list[tuple[bytes, bytearray]] = []
-        self._first_buffered = 0  # physical offset of the first buffered record
-        self._entries: list[tuple[bytes, bytes]] = []
-
-    def flush(self) -> None:
-        """Write the buffered records and queue entries into the transaction."""
-        if self._records:
-            records, self._records = self._records, []
-            _put_all(self.txn, self.dbs["commitlog"], records, append=True)
-        if self._entries:
-            entries, self._entries = self._entries, []
-            _put_all(self.txn, self.dbs["cq"], entries, append=False)
-
-    def _topic_id(self, topic: str) -> int:
-        tid = self.counters.topic_ids.get(topic)
-        if tid is None:
-            tid = len(self.counters.topic_ids) + 1
-            self.counters.topic_ids[topic] = tid
-            self.txn.put(topic.encode(), TOPIC_ID.pack(tid), db=self.dbs["topic_ids"])
-        return tid
-
-    def put_message(self, req: PutRequest) -> PutResult:
-        counters = self.counters
-        physical = counters.next_physical
-        queue_offset = 0
-        if req.index:
-            key = (req.topic, req.queue_id)
-            queue_offset = counters.queue_max.get(key, 0)
-        record = req.record
-        stamp_record(record, queue_offset, physical, self.now_ms)
-        size = len(record)
-        if not self._records:
-            self._first_buffered = physical
-        self._records.append((U64.pack(physical), record))
-        if req.index:
-            tid = self._topic_id(req.topic)
-            self._entries.append((QUEUE_KEY.pack(tid, req.queue_id, queue_offset),
-                                  CQ_VALUE.pack(physical, size, req.tags_code, self.now_ms)))
-            counters.queue_max[key] = queue_offset + 1
-            self.grown[key] = queue_offset + 1
-        if req.keys:
-            keys_db = self.dbs["keys"]
-            prefix = req.topic.encode() + b"\x00"
-            for key in req.keys.split():
-                self.txn.put(prefix + key.encode() + b"\x00" + U64.pack(physical), b"", db=keys_db)
-        counters.next_physical = physical + size
-        return PutResult(physical, queue_offset, self.now_ms, size)
-
-    def read_record(self, physical_offset: int) -> bytes | None:
-        if self._records and physical_offset >= self._first_buffered:
-            self.flush()  # the record may still be in the buffer
-        return self.txn.get(U64.pack(physical_offset), db=self.dbs["commitlog"])
-
-    def get_half(self, half_offset: int) -> dict | None:
-        raw = self.txn.get(U64.pack(half_offset), db=self.dbs["halfs"])
-        return None if raw is None else msgpack.unpackb(raw)
-
-    def put_half(self, half_offset: int, state: dict) -> None:
-        self.txn.put(U64.pack(half_offset), msgpack.packb(state), db=self.dbs["halfs"])
-
-    def delete_half(self, half_offset: int) -> None:
-        self.txn.delete(U64.pack(half_offset), db=self.dbs["halfs"])
-
-    def add_due(self, due_ms: int, half_offset: int) -> None:
-        self.txn.put(DUE_KEY.pack(max(0, due_ms), half_offset), b"", db=self.dbs["due"])
-
-    def remove_due(self, due_ms: int, half_offset: int) -> None:
-        self.txn.delete(DUE_KEY.pack(max(0, due_ms), half_offset), db=self.dbs["due"])
-
-    def set_consumer_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
-        self.txn.put(offset_key(group, topic, queue_id), U64.pack(max(0, offset)), db=self.dbs["offsets"])
-
-    def put_topic(self, name: str, config: dict) -> None:
-        self.txn.put(name.encode(), msgpack.packb(config), db=self.dbs["topics"])
-
-    def delete_topic(self, name: str) -> None:
-        self.txn.delete(name.encode(), db=self.dbs["topics"])
-
-    def put_meta(self, key: str, value) -> None:
-        self.txn.put(key.encode(), msgpack.packb(value), db=self.dbs["meta"])
-
-
-@dataclass
-class _Op:
-    kind: str                      # "put" (records), "checked" (functions, one outcome each) or "fn"
-    payload: Any
-    future: Any
-    outcome: tuple | None = None   # (ok, value)
+def load_counters(env: lmdb.Environment, dbs: dict) -> Counters:
+    """Where writing continues: one cursor step per queue, no replay."""
+    counters = Counters()
+    with env.begin() as txn:
+        cur = txn.cursor(db=dbs["commitlog"])
+        if cur.last():
+            counters.next_physical = U64.unpack(cur.key())[0] + len(cur.value())
+        for key, value in txn.cursor(db=dbs["topic_ids"]):
+            counters.topic_ids[key.decode(errors="surrogateescape")] = TOPIC_ID.unpack(value)[0]
+        names = {tid: name for name, tid in counters.topic_ids.items()}
+        cur = txn.cursor(db=dbs["cq"])
+        found = cur.first()
+        while found:
+            tid, queue_id, _offset = QUEUE_KEY.unpack(cur.key())
+            # Jump to the first key after this queue, step back once: that is the queue's last entry.
+            if cur.set_range(QUEUE_PREFIX.pack(tid, queue_id + 1) if queue_id < 0xFFFFFFFF
+                             else QUEUE_PREFIX.pack(tid + 1, 0)):
+                cur.prev()
+            else:
+                cur.last()
+            last = QUEUE_KEY.unpack(cur.key())[2]
+            if tid in names:
+                counters.queue_max[(names[tid], queue_id)] = last + 1
+            found = cur.next()
+    return counters
 
 
 class GroupWriter:
-    """Applies a group of operations in ONE LMDB write transaction and commits it (without syncing).
-
-    It runs on the event loop thread, once per loop iteration, so the loop never waits for another thread to
-    give the GIL back in the middle of a group.
-    """
+    """Applies a group of ops in ONE LMDB write transaction and commits it."""
 
     def __init__(self, env: lmdb.Environment, dbs: dict, counters: Counters):
         self.env = env
         self.dbs = dbs
         self.counters = counters
-        self.total_groups = 0
-        self.total_ops = 0
-        self.last_group_size = 0
-        self.last_commit_seconds = 0.0
+        self.max_key = env.max_key_size()
 
-    def commit(self, batch: list[_Op]) -> dict | None:
-        """Set every op's outcome; the queue bounds grown by the group, or None when nothing was stored."""
-        started = time.perf_counter()
-        counters = self.counters.copy()
-        grown: dict[tuple[str, int], int] = {}
-        now_ms = int(time.time() * 1000)
-        try:
-            with self.env.begin(write=True) as txn:
-                shared = WriteContext(txn, self.dbs, counters, now_ms, grown)
-                for op in batch:
-                    self._apply(op, shared)
-                shared.flush()
-        except lmdb.MapFullError:
-            log.error("the LMDB map is full: %d writes refused (raise mapSize)", len(batch))
-            error = StoreFullError("the store is full: the LMDB map reached its size limit; raise the mapSize "
-                                   "configuration key (nothing of this write was stored)")
-            for op in batch:
-                op.outcome = (False, error)
-            return None
-        except Exception as exc:  # an LMDB failure at commit: nothing of the group was stored
-            log.exception("store commit failed")
-            for op in batch:
-                op.outcome = (False, exc)
-            return None
-        finally:
-            self.total_groups += 1
-            self.total_ops += len(batch)
-            self.last_group_size = len(batch)
-            self.last_commit_seconds = time.perf_counter() - started
-        self.counters = counters
-        return grown
+    def commit(self, ops: list) -> tuple[list, dict, dict, bool]:
+        """(outcomes, queue bounds grown, new topic ids, whether a commit (and so a data sync) happened).
 
-    def _apply(self, op: _Op, shared: WriteContext) -> None:
-        if op.kind == "put":
-            # Validated before queueing: a failure here can only be LMDB's, which aborts the whole group.
-            op.outcome = (True, [shared.put_message(req) for req in op.payload])
-            return
-        if op.kind == "checked":
-            # Each function raises only before its first write (it validates, then writes): no child
-            # transaction is needed to undo anything, which saves a nested commit per function.
-            outcomes = []
-            for fn in op.payload:
-                try:
-                    outcomes.append((True, fn(shared)))
-                except lmdb.MapFullError:
-                    raise
-                except Exception as exc:
-                    outcomes.append((False, exc))
-            op.outcome = (True, outcomes)
-            return
-        shared.flush()  # the child transaction must see (and may read) everything written before it
-        counters, grown = shared.counters, shared.grown
-        saved = counters.copy()
-        saved_grown = dict(grown)
-        child = self.env.begin(write=True, parent=shared.txn)
-        try:
-            context = WriteContext(child, self.dbs, counters, shared.now_ms, grown)
-            value = op.payload(context)
-            context.flush()
-        except lmdb.MapFullError:
-            child.abort()
-            raise
-        except Exception as exc:
-            child.abort()
-            counters.next_physical = saved.next_physical
-            counters.queue_max = saved.queue_max
-            counters.topic_ids = saved.topic_ids
-            grown.clear()
-            grown.update(saved_grown)
-            op.outcome = (False, exc)
-            return
-        child.commit()
-        op.outcome = (True, value)
+        Each outcome is (True, value) or (False, exception)."""
+        outcomes: list = [None] * len(ops)
+        excluded: set[int] = set()
+        while True:
+            counters = self.counters.copy()
+            txn = self.env.begin(write=True)
+            wctx = WriteContext(txn, self.dbs, counters, int(time.time() * 1000), self.max_key)
+            try:
+                broken = self._apply_all(ops, excluded, outcomes, wctx)
+                if broken is None:
+                    wctx.flush()
+                    if wctx.writes:
+                        txn.commit()
+                    else:
+                        txn.abort()
+            except lmdb.MapFullError:
+                txn.abort()
+                log.error("the LMDB map is full: %d writes refused (raise mapSize)", len(ops) - len(excluded))
+                return self._fail_rest(ops, excluded, outcomes, StoreFullError(
+                    "the store is full: the LMDB map reached its size limit; raise the mapSize configuration key "
+                    "(nothing of this write was stored)"))
+            except Exception as exc:  # an LMDB failure at flush or commit: nothing of the group was stored
+                txn.abort()
+                log.exception("store commit failed")
+                return self._fail_rest(ops, excluded, outcomes, StoreError(f"the store could not commit: {exc}"))
+            if broken is not None:
+                txn.abort()
+                index, exc = broken
+                log.error("write op %s failed after it had written; its group is applied again without it: %r",
+                          type(ops[index]).__name__, exc)
+                excluded.add(index)
+                outcomes[index] = (False, _portable(exc))
+                continue
+            self.counters = counters
+            return outcomes, wctx.grown, wctx.new_topics, bool(wctx.writes)
+
+    @staticmethod
+    def _apply_all(ops: list, excluded: set[int], outcomes: list, wctx: WriteContext):
+        for index, op in enumerate(ops):
+            if index in excluded:
+                continue
+            before = wctx.writes
+            try:
+                outcomes[index] = (True, op.apply(wctx))
+            except lmdb.MapFullError:
+                raise
+            except StoreError as exc:
+                if wctx.writes != before:
+                    return index, exc
+                outcomes[index] = (False, exc)  # refused before its first write: nothing to undo
+            except Exception as exc:  # a broken op or an LMDB error in the middle of it
+                return index, exc
+        return None
+
+    @staticmethod
+    def _fail_rest(ops, excluded, outcomes, error) -> tuple[list, dict, dict, bool]:
+        for index in range(len(ops)):
+            if index not in excluded:
+                outcomes[index] = (False, error)
+        return outcomes, {}, {}, False
 
 
-def _put_all(txn, db, items: list, append: bool) -> None:
-    """All ``items`` in one call (one GIL release); every key must be new."""
-    with txn.cursor(db=db) as cursor:
-        _consumed, added = cursor.putmulti(items, append=append)
-    if added != len(items):
-        raise lmdb.Error(f"only {added} of {len(items)} records were written")
+def _portable(exc: BaseException) -> StoreError:
+    """``exc`` as an error that survives pickling to the broker."""
+    if isinstance(exc, StoreError):
+        return exc
+    return StoreError(f"the write failed: {type(exc).__name__}: {exc}")
+
+
+class _Link:
+    """The writer's end of the socket: length-prefixed pickles both ways."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.buffer = bytearray()
+
+    def send(self, message) -> None:
+        payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        self.sock.sendall(FRAME.pack(len(payload)) + payload)
+
+    def receive(self, timeout: float | None) -> list | None:
+        """The messages that arrived within ``timeout`` seconds (None: wait for one); None at EOF."""
+        messages = self._parse()
+        if messages:
+            return messages
+        while True:
+            ready, _, _ = select.select([self.sock], [], [], timeout)
+            if not ready:
+                return []
+            chunk = self.sock.recv(1 << 20)
+            if not chunk:
+                return None
+            self.buffer += chunk
+            messages = self._parse()
+            if messages or timeout is not None:
+                return messages
+
+    def _parse(self) -> list:
+        messages, buf, pos = [], self.buffer, 0
+        while len(buf) - pos >= 4:
+            (size,) = FRAME.unpack_from(buf, pos)
+            if len(buf) - pos - 4 < size:
+                break
+            messages.append(pickle.loads(memoryview(buf)[pos + 4:pos + 4 + size]))
+            pos += 4 + size
+        del buf[:pos]
+        return messages
+
+
+def serve(path: str, map_size: int, sync_each: bool, flush_interval_s: float, sock: socket.socket) -> int:
+    link = _Link(sock)
+    try:
+        env = open_env(path, map_size, readonly=False)
+        with env.begin(write=True) as txn:
+            dbs = {name: env.open_db(name.encode(), txn=txn) for name in DBS}
+        writer = GroupWriter(env, dbs, counters := load_counters(env, dbs))
+        env.sync(True)  # whatever an earlier writer committed is durable before anything new is acknowledged
+    except (lmdb.Error, struct.error, UnicodeDecodeError, KeyError) as exc:
+        link.send(("failed", f"{type(exc).__name__}: {exc}"))
+        return 1
+    link.send(("ready", counters.queue_max, counters.topic_ids, writer.max_key))
+    last_gid = durable = 0
+    last_sync = time.monotonic()
+    while True:
+        unsynced = last_gid > durable
+        if not unsynced:
+            timeout = None
+        elif sync_each:
+            timeout = 0.0
+        else:
+            timeout = max(0.0, last_sync + flush_interval_s - time.monotonic())
+        messages = link.receive(timeout)
+        if messages is None:
+            return 0  # the broker is gone: stop at once (what was acknowledged is durable already)
+        if not messages:
+            env.sync(True)  # the last commit's meta page
+            durable, last_sync = last_gid, time.monotonic()
+            link.send(("durable", durable))
+            continue
+        groups = [m for m in messages if m[0] == "group"]
+        for chunk in _chunks(groups):
+            ops = [op for _kind, _gid, group_ops in chunk for op in group_ops]
+            outcomes, grown, new_topics, synced = writer.commit(ops)
+            if synced:
+                # This commit's data sync flushed every earlier commit's meta page too.
+                durable, last_sync = last_gid, time.monotonic()
+            answers, start = [], 0
+            for _kind, gid, group_ops in chunk:
+                answers.append((gid, outcomes[start:start + len(group_ops)]))
+                start += len(group_ops)
+            last_gid = chunk[-1][1]
+            link.send(("committed", answers, grown, new_topics, durable))
+        if any(m[0] == "close" for m in messages):
+            env.sync(True)
+            link.send(("durable", last_gid))
+            env.close()
+            return 0
+
+
+def _chunks(groups: list):
+    chunk, size = [], 0
+    for group in groups:
+        if chunk and size + len(group[2]) > MAX_GROUP_OPS:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(group)
+        size += len(group[2])
+    if chunk:
+        yield chunk

@@ -12,7 +12,8 @@ from halfmq.protocol.message import decode_record
 
 from ..context import BrokerContext
 from ..errors import BrokerError
-from ..topics import HALF_TOPIC, SYSTEM_TOPICS, TopicConfig, validate_topic_name
+from ..names import validate_topic_name
+from ..topics import HALF_TOPIC, SYSTEM_TOPICS, TopicConfig
 
 MAX_QUEUES = 1024
 

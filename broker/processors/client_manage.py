@@ -10,8 +10,8 @@ from halfmq.protocol.headers import GroupRequestHeader, UnregisterClientRequestH
 
 from ..context import BrokerContext
 from ..errors import BrokerError
+from ..names import RETRY_PREFIX, check_client_id, check_group, check_topic
 from ..services.clients import ClientInfo, parse_subscription
-from ..topics import RETRY_PREFIX
 
 LOCK_LEASE_S = 60.0
 
@@ -49,27 +49,25 @@ class ClientManageProcessor:
         dispatcher.register(RequestCode.CHECK_CLIENT_CONFIG, self.check_client_config)
 
     async def heartbeat(self, channel, cmd: RemotingCommand) -> RemotingCommand:
+        """Registers the client's consumer and producer groups, or nothing: every name is checked before the
+        first registration or retry topic, so a refused heartbeat leaves no trace."""
         data = parse_json_body(cmd)
-        client_id = data.get("clientID")
-        if not isinstance(client_id, str) or not client_id:
-            raise BrokerError(ResponseCode.SYSTEM_ERROR, "the heartbeat has no clientID")
-        channel.client_id = client_id
+        client_id = check_client_id(data.get("clientID"), "clientID")
         consumers = []
         for item in _list_of_dicts(data, "consumerDataSet"):
-            group = item.get("groupName")
-            if not isinstance(group, str) or not group:
-                raise BrokerError(ResponseCode.SYSTEM_ERROR, "a consumerData has no groupName")
+            group = check_group(item.get("groupName"), "consumerDataSet.groupName")
             subs = []
             for sub in _list_of_dicts(item, "subscriptionDataSet"):
-                topic = sub.get("topic")
-                if not isinstance(topic, str) or not topic:
-                    raise BrokerError(ResponseCode.SYSTEM_ERROR, "a subscriptionData has no topic")
+                topic = check_topic(sub.get("topic"), f"subscriptionDataSet.topic of group {group}")
                 try:
                     version = int(sub.get("subVersion") or 0)
                 except (TypeError, ValueError):
                     raise BrokerError(ResponseCode.SYSTEM_ERROR, "subVersion is not an integer") from None
                 subs.append(parse_subscription(topic, sub.get("subString"), version, sub.get("expressionType")))
             consumers.append((group, item, subs))
+        producers = [check_group(item.get("groupName"), "producerDataSet.groupName")
+                     for item in _list_of_dicts(data, "producerDataSet")]
+        channel.client_id = client_id
         for group, _item, _subs in consumers:
             await self.ctx.topics.ensure_single_queue(RETRY_PREFIX + group)
         now = time.monotonic()
@@ -78,18 +76,19 @@ class ClientManageProcessor:
             self.ctx.consumers.register(group, info, str(item.get("consumeType") or "CONSUME_PASSIVELY"),
                                         str(item.get("messageModel") or "CLUSTERING"),
                                         str(item.get("consumeFromWhere") or "CONSUME_FROM_LAST_OFFSET"), subs)
-        for item in _list_of_dicts(data, "producerDataSet"):
-            group = item.get("groupName")
-            if isinstance(group, str) and group:
-                self.ctx.producers.register(group, ClientInfo(client_id, channel, cmd.language, cmd.version, now))
+        for group in producers:
+            self.ctx.producers.register(group, ClientInfo(client_id, channel, cmd.language, cmd.version, now))
         return cmd.response(ResponseCode.SUCCESS)
 
     def unregister(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         h = UnregisterClientRequestHeader.from_ext(cmd.ext_fields)
-        if h.producerGroup:
-            self.ctx.producers.unregister(h.producerGroup, channel)
-        if h.consumerGroup:
-            self.ctx.consumers.unregister(h.consumerGroup, channel)
+        # Some clients send an absent group as an empty string: only a named group is checked and unregistered.
+        producer_group = h.producerGroup and check_group(h.producerGroup, "producerGroup")
+        consumer_group = h.consumerGroup and check_group(h.consumerGroup, "consumerGroup")
+        if producer_group:
+            self.ctx.producers.unregister(producer_group, channel)
+        if consumer_group:
+            self.ctx.consumers.unregister(consumer_group, channel)
         return cmd.response(ResponseCode.SUCCESS)
 
     def consumer_list(self, channel, cmd: RemotingCommand) -> RemotingCommand:
@@ -101,12 +100,12 @@ class ClientManageProcessor:
 
     def _mq_request(self, cmd: RemotingCommand) -> tuple[str, str, list[dict]]:
         data = parse_json_body(cmd)
-        group, client_id = data.get("consumerGroup"), data.get("clientId")
-        if not isinstance(group, str) or not isinstance(client_id, str):
-            raise BrokerError(ResponseCode.SYSTEM_ERROR, "consumerGroup and clientId are required")
+        group = check_group(data.get("consumerGroup"), "consumerGroup")
+        client_id = check_client_id(data.get("clientId"), "clientId")
         mqs = _list_of_dicts(data, "mqSet")
         for mq in mqs:
-            if not isinstance(mq.get("topic"), str) or not isinstance(mq.get("queueId"), int):
+            check_topic(mq.get("topic"), "mqSet.topic")
+            if not isinstance(mq.get("queueId"), int):
                 raise BrokerError(ResponseCode.SYSTEM_ERROR, "each mqSet entry needs a topic and a queueId")
         return group, client_id, mqs
 

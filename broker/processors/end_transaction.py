@@ -12,6 +12,7 @@ from halfmq.protocol.message import decode_offset_msg_id
 from ..context import BrokerContext
 from ..dispatch import Deferred
 from ..errors import BrokerError
+from ..names import check_group
 from ..services.transaction import COMMIT, ROLLBACK, UNKNOWN
 
 log = logging.getLogger(__name__)
@@ -27,6 +28,13 @@ class EndTransactionProcessor:
 
     def end_transaction(self, channel, cmd: RemotingCommand):
         h = EndTransactionRequestHeader.from_ext(cmd.ext_fields)
+        try:
+            # The group is matched against the half's and labels the decision metrics.
+            check_group(h.producerGroup, "producerGroup")
+        except BrokerError as exc:
+            if cmd.is_oneway:  # stock producers send their decision oneway: leave a trace of the refusal
+                log.info("oneway END_TRANSACTION from %s refused: %s", channel.remote, exc.remark)
+            raise
         if h.commitOrRollback not in (COMMIT, ROLLBACK, UNKNOWN):
             raise HeaderError(f"commitOrRollback {h.commitOrRollback} is not 0, 8 or 12")
         if h.commitOrRollback == UNKNOWN:
@@ -35,30 +43,9 @@ class EndTransactionProcessor:
             log.debug("UNKNOW for half %d from %s (check=%s)", h.commitLogOffset, channel.remote,
                       h.fromTransactionCheck)
             return cmd.response(ResponseCode.SUCCESS, "the transaction stays pending")
-        future, finish = self.ctx.transactions.submit_decide(h.commitLogOffset, h.producerGroup,
-                                                             h.tranStateTableOffset, h.commitOrRollback,
-                                                             bool(h.fromTransactionCheck))
-        return Deferred(future, lambda value: self._decided(cmd, h, self._outcome(finish, value, h)))
-
-    def _outcome(self, finish, value, h: EndTransactionRequestHeader):
-        """The decision's outcome; a refusal is counted and logged before it is answered."""
-        try:
-            return finish(value)
-        except BrokerError as exc:
-            if self.ctx.metrics is not None and exc.code == ResponseCode.ILLEGAL_OPERATION:
-                self.ctx.metrics.decision_conflict(h.producerGroup)
-            log.info("END_TRANSACTION %s for half %d refused: %s", h.commitOrRollback, h.commitLogOffset,
-                     exc.remark)
-            raise
-
-    def _decided(self, cmd: RemotingCommand, h: EndTransactionRequestHeader, outcome) -> RemotingCommand:
-        metrics = self.ctx.metrics
-        if metrics is not None:
-            if outcome.applied:
-                metrics.half_decided(outcome.state)
-            else:
-                metrics.repeated_decision(bool(h.fromTransactionCheck))
-        return cmd.response(ResponseCode.SUCCESS)
+        completion = self.ctx.transactions.decide(h.commitLogOffset, h.producerGroup, h.tranStateTableOffset,
+                                                  h.commitOrRollback, bool(h.fromTransactionCheck))
+        return Deferred(completion, lambda _outcome: cmd.response(ResponseCode.SUCCESS))
 
     async def resume(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         h = ResumeCheckHalfMessageRequestHeader.from_ext(cmd.ext_fields)

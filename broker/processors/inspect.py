@@ -17,7 +17,7 @@ from halfmq.protocol.message import create_offset_msg_id
 
 from ..context import BrokerContext, now_ms
 from ..errors import BrokerError
-from ..services.transaction import PREPARED
+from ..names import check_group, check_message_key, check_topic
 
 MAX_ROWS = 100_000
 _STARTED = time.time()
@@ -42,6 +42,9 @@ class InspectProcessor:
 
     def query_message(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         h = QueryMessageRequestHeader.from_ext(cmd.ext_fields)
+        # Both form the key index's lookup prefix, which LMDB refuses beyond its key size.
+        check_topic(h.topic, "topic")
+        check_message_key(h.key, "key", ResponseCode.SYSTEM_ERROR)
         records = self.ctx.store.messages_by_key(h.topic, h.key, max(1, min(h.maxNum, 64)))
         if not records:
             raise BrokerError(ResponseCode.QUERY_NOT_FOUND, f"no message of topic {h.topic} with key {h.key}")
@@ -69,14 +72,14 @@ class InspectProcessor:
                 "version": info.version}
 
     def producer_connections(self, channel, cmd: RemotingCommand) -> RemotingCommand:
-        group = ConnectionListRequestHeader.from_ext(cmd.ext_fields).producerGroup or ""
+        group = check_group(ConnectionListRequestHeader.from_ext(cmd.ext_fields).producerGroup, "producerGroup")
         infos = self.ctx.producers.groups.get(group, {}).values()
         if not infos:
             raise BrokerError(ResponseCode.SYSTEM_ERROR, f"the producer group[{group}] not online")
         return _json(cmd, {"connectionSet": [self._connection(i) for i in infos]})
 
     def consumer_connections(self, channel, cmd: RemotingCommand) -> RemotingCommand:
-        group = ConnectionListRequestHeader.from_ext(cmd.ext_fields).consumerGroup or ""
+        group = check_group(ConnectionListRequestHeader.from_ext(cmd.ext_fields).consumerGroup, "consumerGroup")
         entry = self.ctx.consumers.groups.get(group)
         if entry is None:
             raise BrokerError(ResponseCode.CONSUMER_NOT_ONLINE, f"the consumer group[{group}] not online")
@@ -88,6 +91,9 @@ class InspectProcessor:
 
     def consume_stats(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         h = ConsumeStatsRequestHeader.from_ext(cmd.ext_fields)
+        check_group(h.consumerGroup, "consumerGroup")
+        if h.topic:
+            check_topic(h.topic, "topic")
         ctx = self.ctx
         topics = {h.topic} if h.topic else {t for (g, t, _q) in ctx.offsets.table if g == h.consumerGroup}
         entry = ctx.consumers.groups.get(h.consumerGroup)
@@ -113,12 +119,12 @@ class InspectProcessor:
         rows = []
         for due, offset in store.due_halves(2 ** 62, limit):
             state = store.get_half(offset)
-            if state is None or state["state"] != PREPARED:
+            if state is None or not state.pending:
                 continue
             rows.append({"offsetMsgId": create_offset_msg_id(self.ctx.store_host, offset),
-                         "transactionId": state["uniq"], "producerGroup": state["group"], "topic": state["topic"],
-                         "ageMillis": now - state["store_ts"], "checks": state["checks"],
-                         "nextCheckInMillis": due - now, "waitingForProducer": bool(state.get("waiting"))})
+                         "transactionId": state.uniq, "producerGroup": state.group, "topic": state.topic,
+                         "ageMillis": now - state.store_ts, "checks": state.checks,
+                         "nextCheckInMillis": due - now, "waitingForProducer": state.waiting})
         return _json(cmd, {"pending": store.pending_halves_count(), "halves": rows})
 
     def transaction_records(self, channel, cmd: RemotingCommand) -> RemotingCommand:
@@ -126,10 +132,10 @@ class InspectProcessor:
         limit = min(HalfStatusRequestHeader.from_ext(cmd.ext_fields).limit or MAX_ROWS, MAX_ROWS)
         rows = []
         for offset, state in self.ctx.store.iter_halves():
-            rows.append({"offset": offset, "transactionId": state["uniq"], "producerGroup": state["group"],
-                         "topic": state["topic"], "state": state["state"], "storeTimestamp": state["store_ts"],
-                         "decidedTimestamp": state.get("decided_ts"), "decidedBy": state.get("decided_by"),
-                         "checks": state["checks"]})
+            rows.append({"offset": offset, "transactionId": state.uniq, "producerGroup": state.group,
+                         "topic": state.topic, "state": state.status.value, "storeTimestamp": state.store_ts,
+                         "decidedTimestamp": state.decided_ts, "decidedBy": state.decided_by,
+                         "checks": state.checks})
             if len(rows) >= limit:
                 break
         return _json(cmd, {"records": rows})

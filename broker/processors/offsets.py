@@ -1,6 +1,8 @@
 """Consumer offsets (14, 15) and queue offset queries (29, 30, 31, 32) — reference §3.7, §3.9."""
 from __future__ import annotations
 
+import logging
+
 from halfmq.protocol.codes import RequestCode, ResponseCode
 from halfmq.protocol.command import RemotingCommand
 from halfmq.protocol.headers import (QueryConsumerOffsetRequestHeader, QueueRequestHeader,
@@ -8,6 +10,15 @@ from halfmq.protocol.headers import (QueryConsumerOffsetRequestHeader, QueueRequ
 
 from ..context import BrokerContext
 from ..errors import BrokerError
+from ..names import check_group, check_topic
+
+log = logging.getLogger(__name__)
+
+
+def _check_names(h) -> None:
+    """The group and topic of a consumer offset: they are its store key (group NUL topic NUL queueId)."""
+    check_group(h.consumerGroup, "consumerGroup")
+    check_topic(h.topic, "topic")
 
 
 class OffsetProcessor:
@@ -24,6 +35,7 @@ class OffsetProcessor:
 
     def query_consumer_offset(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         h = QueryConsumerOffsetRequestHeader.from_ext(cmd.ext_fields)
+        _check_names(h)
         offset = self.ctx.offsets.get(h.consumerGroup, h.topic, h.queueId)
         if offset is not None and offset >= 0:
             return cmd.response(ResponseCode.SUCCESS, ext_fields={"offset": str(offset)})
@@ -36,6 +48,12 @@ class OffsetProcessor:
 
     def update_consumer_offset(self, channel, cmd: RemotingCommand):
         h = UpdateConsumerOffsetRequestHeader.from_ext(cmd.ext_fields)
+        try:
+            _check_names(h)
+        except BrokerError as exc:
+            if cmd.is_oneway:  # nobody hears the answer: the dropped offset is at least in the log
+                log.info("oneway UPDATE_CONSUMER_OFFSET from %s refused: %s", channel.remote, exc.remark)
+            raise
         if cmd.is_oneway:
             self.ctx.offsets.commit(h.consumerGroup, h.topic, h.queueId, h.commitOffset)
             return None

@@ -6,7 +6,9 @@ from halfmq.protocol.command import RemotingCommand
 from halfmq.protocol.headers import PullMessageRequestHeader
 
 from ..context import BrokerContext
+from ..dispatch import error_response
 from ..errors import BrokerError
+from ..names import check_group, check_topic
 from ..services.clients import parse_subscription
 from ..services.long_poll import HeldPull
 
@@ -26,6 +28,10 @@ class PullProcessor:
 
     def pull(self, channel, cmd: RemotingCommand) -> RemotingCommand | None:
         header = PullMessageRequestHeader.from_ext(cmd.ext_fields)
+        # Checked on every pull, not only one that commits an offset: the group also keys the subscription and
+        # the metrics, and a refused name is then refused the same way whatever the flags.
+        check_group(header.consumerGroup, "consumerGroup")
+        check_topic(header.topic, "topic")
         return self.process(channel, cmd, header, first=True)
 
     def _filter(self, header: PullMessageRequestHeader):
@@ -86,8 +92,8 @@ class PullProcessor:
             def resume() -> None:
                 try:
                     response = self.process(channel, cmd, header, first=False)
-                except BrokerError as exc:
-                    response = cmd.response(exc.code, exc.remark)
+                except Exception as exc:  # answered like any request (the dispatcher's error table)
+                    response = error_response(cmd, exc)
                 if response is not None:
                     channel.send(response)
 

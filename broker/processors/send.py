@@ -12,10 +12,10 @@ from halfmq.protocol.command import RemotingCommand
 from halfmq.protocol.errors import MessageFormatError
 from halfmq.protocol.headers import (ConsumerSendMsgBackRequestHeader, SendMessageRequestHeader,
                                      SendMessageRequestHeaderV2)
-from halfmq.protocol.message import (MessageRecord, create_offset_msg_id, decode_batch, decode_record,
-                                     encode_record, tags_hash)
+from halfmq.protocol.message import MessageRecord, create_offset_msg_id, decode_batch, decode_record
 from halfmq.protocol.properties import decode_properties
-from halfmq.store import PutRequest
+from halfmq.store import PutRequest, message_request
+from halfmq.store.ops import PutMessage, PutMessages
 
 from ..context import BrokerContext
 from ..dispatch import Deferred
@@ -113,22 +113,19 @@ class SendProcessor:
                                   "the broker rejects transaction messages (rejectTransactionMessage=true)")
             if _delay_level(props) > 0:
                 raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "a transaction message cannot have a delay level")
-            future, finish = ctx.transactions.submit_prepare(rec, header.producerGroup, channel)
-            return Deferred(future, lambda value: self._half_response(cmd, queue_id, *finish(value)))
+            completion = ctx.transactions.prepare(rec, header.producerGroup, channel)
+            return Deferred(completion, lambda value: self._half_response(cmd, queue_id, value[0], value[1].uniq))
         request = self.delayed_or_plain(rec)
         size = len(cmd.body)
 
-        future, index = ctx.store.submit_message(request)
-
-        def finish(results) -> RemotingCommand:
+        def finish(result) -> RemotingCommand:
             if ctx.metrics is not None:
                 ctx.metrics.message_in(topic, size)
-            result = results[index]
             return cmd.response(ResponseCode.SUCCESS, ext_fields={
                 "msgId": create_offset_msg_id(ctx.store_host, result.physical_offset),
                 "queueId": str(queue_id), "queueOffset": str(result.queue_offset), **_EXTRA})
 
-        return Deferred(future, finish)
+        return Deferred(ctx.store.submit(PutMessage(request)), finish)
 
     def _half_response(self, cmd: RemotingCommand, queue_id: int, result, transaction_id: str) -> RemotingCommand:
         ctx = self.ctx
@@ -149,9 +146,7 @@ class SendProcessor:
             props[P.REAL_QID] = str(rec.queue_id)
             rec.topic = SCHEDULE_TOPIC
             rec.queue_id = level - 1
-        index = tx_type in (SysFlag.TRANSACTION_NOT_TYPE, SysFlag.TRANSACTION_COMMIT_TYPE)
-        return PutRequest(rec.topic, rec.queue_id, encode_record(rec), tags_hash(props.get(P.TAGS)), index,
-                          props.get(P.KEYS))
+        return message_request(rec, index=tx_type in (SysFlag.TRANSACTION_NOT_TYPE, SysFlag.TRANSACTION_COMMIT_TYPE))
 
     async def _send_batch(self, channel, cmd: RemotingCommand, header) -> RemotingCommand:
         ctx = self.ctx
@@ -183,9 +178,8 @@ class SendProcessor:
                                 sys_flag=header.sysFlag & ~SysFlag.TRANSACTION_MASK,
                                 born_timestamp=header.bornTimestamp, born_host=host, store_host=ctx.store_host,
                                 properties=props)
-            requests.append(PutRequest(topic, queue_id, encode_record(rec), tags_hash(props.get(P.TAGS)), True,
-                                       props.get(P.KEYS)))
-        results = await ctx.store.put_messages(requests)
+            requests.append(message_request(rec))
+        results = await ctx.store.submit(PutMessages(requests))
         if ctx.metrics is not None:
             ctx.metrics.message_in(topic, sum(len(i.body) for i in items), len(items))
         return cmd.response(ResponseCode.SUCCESS, ext_fields={
@@ -219,7 +213,7 @@ class SendProcessor:
                             flag=rec.flag, sys_flag=rec.sys_flag & ~SysFlag.TRANSACTION_MASK,
                             born_timestamp=rec.born_timestamp, born_host=rec.born_host, store_host=ctx.store_host,
                             reconsume_times=rec.reconsume_times + 1, properties=props)
-        await ctx.store.put_messages([self.delayed_or_plain(new)])
+        await ctx.store.submit(PutMessage(self.delayed_or_plain(new)))
         return cmd.response(ResponseCode.SUCCESS)
 
 

@@ -19,7 +19,7 @@ from halfmq.protocol.message import create_offset_msg_id, record_properties_text
 from halfmq.protocol.properties import decode_properties, encode_properties
 
 from ..context import now_ms
-from .transaction import PREPARED
+from halfmq.store import HalfState
 
 log = logging.getLogger(__name__)
 PASS_LIMIT = 2000
@@ -46,13 +46,13 @@ class CheckBackService:
         self.discarded = 0
 
     def start(self) -> None:
-        self.states.on_prepared.append(self.schedule_at)
+        self.states.on_due.append(self.schedule_at)
         self.ctx.producers.register_listeners.append(self.producer_registered)
         # Halves that were waiting for a producer before a restart keep waiting for one (cost: pending only).
         for _due, offset in self.store.due_halves(2 ** 62, 2 ** 31):
             state = self.store.get_half(offset)
-            if state is not None and state.get("waiting"):
-                self.waiting_for_producer.setdefault(state["group"], set()).add(offset)
+            if state is not None and state.waiting:
+                self.waiting_for_producer.setdefault(state.group, set()).add(offset)
         head = self.store.next_due()
         if head is not None:
             self.schedule_at(head[0])
@@ -102,34 +102,8 @@ class CheckBackService:
 
     def producer_registered(self, group: str, _channel) -> None:
         offsets = self.waiting_for_producer.pop(group, None)
-        if not offsets:
-            return
-        task = asyncio.get_running_loop().create_task(self._make_due_now(offsets))
-        self._side_tasks.add(task)
-        task.add_done_callback(self._side_tasks.discard)
-
-    async def _make_due_now(self, offsets: set[int]) -> None:
-        def write(wctx):
-            earliest = None
-            for offset in offsets:
-                state = wctx.get_half(offset)
-                if state is None or state["state"] != PREPARED:
-                    continue
-                wctx.remove_due(state["due"], offset)
-                state["due"] = wctx.now_ms
-                state.pop("waiting", None)
-                wctx.put_half(offset, state)
-                wctx.add_due(state["due"], offset)
-                earliest = state["due"]
-            return earliest
-
-        try:
-            earliest = await self.store.write(write)
-        except Exception:
-            log.exception("could not make halves due after a producer registered")
-            return
-        if earliest is not None:
-            self.schedule_at(earliest)
+        if offsets:
+            self.states.make_due(sorted(offsets))  # the scheduler is woken by the transition itself
 
     # --- one pass ---
     async def run_pass(self) -> int:
@@ -145,83 +119,52 @@ class CheckBackService:
         to_discard: list[int] = []
         rows = self.store.halves_with_records([offset for _due, offset in due])
         for (due_ms, offset), (state, raw) in zip(due, rows, strict=True):
-            if state is None or state["state"] != PREPARED or state["due"] != due_ms:
+            if state is None or not state.pending or state.due != due_ms:
                 stale.append((due_ms, offset))  # an index entry left behind; the write below drops it
                 continue
-            if state["checks"] >= self.max_checks:
+            if state.checks >= self.max_checks:
                 to_discard.append(offset)
                 continue
             channel = self._select_channel(state, offset)
             if channel is not None and self._send_check(channel, offset, state, raw):
-                attempts[offset] = state["checks"] + 1
+                attempts[offset] = state.checks + 1
                 self.checks_sent += 1
             else:
-                self.waiting_for_producer.setdefault(state["group"], set()).add(offset)
+                self.waiting_for_producer.setdefault(state.group, set()).add(offset)
                 self.checks_undeliverable += 1
                 postponed.append(offset)
-        interval = self.interval_ms
-
-        def write(wctx):
-            for offset, checks in attempts.items():
-                self._reschedule(wctx, offset, checks, interval)
-            for offset in postponed:
-                self._reschedule(wctx, offset, None, interval)
-            for due_ms, offset in stale:
-                state = wctx.get_half(offset)
-                if state is None or state.get("due") != due_ms or state["state"] != PREPARED:
-                    wctx.remove_due(due_ms, offset)
-
         if attempts or postponed or stale:
-            await self.store.write(write, validated=True)
+            await self.states.reschedule(attempts, postponed, stale, self.interval_ms)
         metrics = self.ctx.metrics
-        for offset in to_discard:
-            state = await self.states.discard(offset, self.max_checks)
-            if state is not None:
+        discards = [self.states.discard(offset, self.max_checks) for offset in to_discard]  # one group
+        for completion in discards:
+            if await completion is not None:
                 self.discarded += 1
-                log.info("half message at %d discarded after %d checks", offset, self.max_checks)
-                if metrics is not None:
-                    metrics.half_decided(state)
         self.last_pass_seconds = time.perf_counter() - started
         if metrics is not None:
             metrics.check_pass_done(len(attempts), len(postponed), self.last_pass_seconds)
         return len(due)
 
-    @staticmethod
-    def _reschedule(wctx, offset: int, checks: int | None, interval: int) -> None:
-        state = wctx.get_half(offset)
-        if state is None or state["state"] != PREPARED:
-            return  # decided meanwhile: its index entry is already gone
-        wctx.remove_due(state["due"], offset)
-        if checks is not None:
-            state["checks"] = checks
-            state["last_check_ts"] = wctx.now_ms
-            state.pop("waiting", None)
-        else:
-            state["waiting"] = True
-        state["due"] = wctx.now_ms + interval
-        wctx.put_half(offset, state)
-        wctx.add_due(state["due"], offset)
-
-    def _select_channel(self, state: dict, offset: int):
-        group = state["group"]
+    def _select_channel(self, state: HalfState, offset: int):
+        group = state.group
         sender = self.states.sender_channels.get(offset)
         if sender is not None and sender.writable:
             return sender
-        if state.get("client_id"):
-            channel = self.ctx.producers.find_by_client_id(group, state["client_id"])
+        if state.client_id:
+            channel = self.ctx.producers.find_by_client_id(group, state.client_id)
             if channel is not None:
                 return channel
         return self.ctx.producers.select(group)
 
-    def _send_check(self, channel, offset: int, state: dict, raw: bytes | None) -> bool:
+    def _send_check(self, channel, offset: int, state: HalfState, raw: bytes | None) -> bool:
         if raw is None:
-            log.error("half message at %d is missing from the commit log", offset)
+            log.error("half message at %d is missing from the commit log (or failed its CRC check)", offset)
             return False
         # The body is the half record shown as a message of its real topic and queue (reference §3.3).
-        body = rewrite_record(raw, state["topic"], state["queue_id"],
-                              with_check_times(record_properties_text(raw), state["checks"] + 1))
-        uniq = state["uniq"]
-        header = {"tranStateTableOffset": str(state["queue_offset"]), "commitLogOffset": str(offset),
+        body = rewrite_record(raw, state.topic, state.queue_id,
+                              with_check_times(record_properties_text(raw), state.checks + 1))
+        uniq = state.uniq
+        header = {"tranStateTableOffset": str(state.queue_offset), "commitLogOffset": str(offset),
                   "msgId": uniq, "transactionId": uniq,
                   "offsetMsgId": create_offset_msg_id(self.ctx.store_host, offset)}
         return channel.send_request(RemotingCommand(RequestCode.CHECK_TRANSACTION_STATE, flag=FLAG_ONEWAY,

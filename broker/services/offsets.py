@@ -6,6 +6,8 @@ its offset is durable.
 """
 from __future__ import annotations
 
+from halfmq.store.ops import SetConsumerOffsets
+
 OffsetKey = tuple[str, str, int]  # (group, topic, queue id)
 
 
@@ -29,21 +31,16 @@ class ConsumerOffsetManager:
 
     async def commit_durable(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         key = (group, topic, queue_id)
+        await self.store.submit(SetConsumerOffsets({key: offset}))
         self.table[key] = offset
         self.dirty.pop(key, None)
-        await self.store.set_consumer_offset(group, topic, queue_id, offset)
 
     async def flush(self) -> None:
         if not self.dirty:
             return
         batch, self.dirty = self.dirty, {}
-
-        def write(ctx):
-            for (group, topic, queue_id), offset in batch.items():
-                ctx.set_consumer_offset(group, topic, queue_id, offset)
-
         try:
-            await self.store.write(write)
+            await self.store.submit(SetConsumerOffsets(batch))
         except Exception:
             for key, offset in batch.items():  # keep them for the next flush
                 self.dirty.setdefault(key, offset)

@@ -11,9 +11,9 @@ import asyncio
 import logging
 
 from halfmq.protocol import properties as P
-from halfmq.protocol.message import decode_record, encode_record, tags_hash
-
-from halfmq.store import PutRequest
+from halfmq.protocol.message import decode_record
+from halfmq.store import message_request
+from halfmq.store.ops import DeliverDelayed
 
 from ..context import now_ms
 from ..topics import SCHEDULE_TOPIC
@@ -97,14 +97,7 @@ class ScheduleService:
         raw = self.store.read_records([e.physical_offset for e in entries])
         requests = [redelivery_request(decode_record(r)) for r in raw]
         next_offset = entries[-1].queue_offset + 1
-        key = self._key(level)
-
-        def write(wctx):
-            for req in requests:
-                wctx.put_message(req)
-            wctx.put_meta(key, next_offset)
-
-        await self.store.write(write)
+        await self.store.submit(DeliverDelayed(requests, self._key(level), next_offset))
         self.progress[level] = next_offset
 
 
@@ -115,4 +108,4 @@ def redelivery_request(rec):
     rec.topic = props.get(P.REAL_TOPIC, rec.topic)
     rec.queue_id = int(props.get(P.REAL_QID, rec.queue_id))
     rec.properties = props
-    return PutRequest(rec.topic, rec.queue_id, encode_record(rec), tags_hash(props.get(P.TAGS)))
+    return message_request(rec)

@@ -7,6 +7,7 @@ import signal
 
 from halfmq.protocol.codes import RequestCode, ResponseCode
 from halfmq.protocol.message import decode_offset_msg_id
+from halfmq.store.ops import PutMeta
 
 from tests.support.raw import RawClient
 
@@ -64,10 +65,10 @@ async def test_requests_in_progress_per_connection_are_bounded_and_none_is_lost(
         original(proto, cmd)
 
     broker.dispatcher.dispatch = counting_dispatch
-    # Stop the store's sync helper: every send stays in progress (unacknowledged) until it continues.
-    helper = broker.store.syncer.pid
+    # Stop the store's writer process: every send stays in progress (unacknowledged) until it continues.
+    helper = broker.store.link.pid
     os.kill(helper, signal.SIGSTOP)
-    held = broker.store.submit_write(lambda _wctx: None)
+    held = broker.store.submit(PutMeta("held", 1))
     try:
         sends = [asyncio.ensure_future(producer.send("Limits", f"m{i}".encode(), timeout=30))
                  for i in range(sent)]
@@ -91,8 +92,8 @@ async def test_stopping_while_sends_wait_for_their_sync_answers_them(broker_fact
     broker = await broker_factory(shutdownGraceSeconds=10)
     producer = await RawClient.connect(broker.addr)
     assert (await producer.send("Limits", b"first")).code == ResponseCode.SUCCESS
-    helper = broker.store.syncer.pid
-    os.kill(helper, signal.SIGSTOP)  # the sends stay in progress, waiting for their sync
+    helper = broker.store.link.pid
+    os.kill(helper, signal.SIGSTOP)  # the sends stay in progress, waiting for the writer
     sends = [asyncio.ensure_future(producer.send("Limits", f"m{i}".encode(), timeout=30)) for i in range(5)]
     observer = await RawClient.connect(broker.addr)
     await max_offset(observer)  # the sends were read before this answer

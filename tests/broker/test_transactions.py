@@ -97,7 +97,7 @@ async def test_end_transaction_validation(broker):
     c.oneway(RequestCode.END_TRANSACTION, end_ext(r, offset, 0))
     unknown = await c.request(RequestCode.END_TRANSACTION, end_ext(r, offset, 0))
     assert unknown.code == ResponseCode.SUCCESS and "pending" in unknown.remark
-    assert broker.store.get_half(offset)["state"] == "PREPARED"
+    assert broker.store.get_half(offset).status.value == "PREPARED"
     assert (await c.request(RequestCode.END_TRANSACTION, end_ext(r, offset, 8))).code == 0
     c.close()
 
@@ -129,7 +129,7 @@ async def test_check_goes_to_the_sender_and_its_answer_commits(broker_factory):
         "msgId": check.ext_fields["msgId"], "fromTransactionCheck": "true"})
     committed = arrival_event(broker, "TX")
     await asyncio.wait_for(committed.wait(), 5)
-    assert broker.store.get_half(offset)["state"] == "COMMITTED"
+    assert broker.store.get_half(offset).status.value == "COMMITTED"
     sender.close()
     other.close()
 
@@ -143,7 +143,7 @@ async def test_no_producer_then_heartbeat_checks_at_once_without_burning_attempt
     # Wait for the pass that finds no producer.
     while broker.ctx.check_back.checks_undeliverable == 0:
         await asyncio.wait_for(wait_for_pass(broker), 5)
-    assert broker.store.get_half(offset)["checks"] == 0
+    assert broker.store.get_half(offset).checks == 0
     back = await RawClient.connect(broker.addr)
     await back.heartbeat("back", producer_groups=[GROUP])
     check = await asyncio.wait_for(back.incoming.get(), 5)  # the interval is an hour: only the heartbeat did it
@@ -178,7 +178,7 @@ async def test_discard_after_check_max_then_resume(broker_factory):
     checks = [await asyncio.wait_for(c.incoming.get(), 5) for _ in range(2)]
     assert [decode_record(ch.body).properties[P.TRANSACTION_CHECK_TIMES] for ch in checks] == ["1", "2"]
     await asyncio.wait_for(discarded.wait(), 5)
-    assert broker.store.get_half(offset)["state"] == "DISCARDED"
+    assert broker.store.get_half(offset).status.value == "DISCARDED"
     (kept,) = decode_records((await c.pull("TRANS_CHECK_MAX_TIME_TOPIC", 0, 0)).body)
     assert kept.body == b"lost"
     assert (await c.request(RequestCode.END_TRANSACTION, end_ext(r, offset, 8))).code == 604
@@ -199,7 +199,7 @@ async def test_immunity_time_delays_the_first_check(broker_factory):
     check = await asyncio.wait_for(c.incoming.get(), 5)
     assert check.ext_fields["commitLogOffset"] == str(plain)
     state = broker.store.get_half(immune)
-    assert state["checks"] == 0 and state["due"] >= state["store_ts"] + 3_600_000
+    assert state.checks == 0 and state.due >= state.store_ts + 3_600_000
     c.close()
 
 
@@ -224,7 +224,7 @@ async def test_pending_halves_survive_restart_and_decided_ones_are_never_checked
     check = await asyncio.wait_for(c.incoming.get(), 5)
     assert check.ext_fields["commitLogOffset"] == str(pending)
     assert decode_record(check.body).body == b"pending"
-    assert broker.store.get_half(decided)["state"] == "COMMITTED"
+    assert broker.store.get_half(decided).status.value == "COMMITTED"
     c.close()
 
 

@@ -96,7 +96,7 @@ async def test_producer_gone_then_back_checks_resume_without_burning_attempts(br
     service.run_pass = observed
     await asyncio.wait_for(undeliverable.wait(), 5)
     half = broker.store.get_half(int(result.send_result.offset_msg_id[-16:], 16))
-    assert half["checks"] == 0 and half["state"] == "PREPARED"
+    assert half.checks == 0 and half.status.value == "PREPARED"
     back = Listener({}, {"x": S.COMMIT_MESSAGE})
     async with TransactionProducer("TXG3", back, broker.namesrv_addr):
         msg = await asyncio.wait_for(back.checks.get(), 5)  # the interval is an hour: the registration did it
@@ -145,7 +145,7 @@ async def test_message_published_only_when_the_database_transaction_commits(brok
     while await committed_bodies(broker, "Orders") != [b"order-1"]:
         committed.clear()
         await asyncio.wait_for(committed.wait(), 5)
-    states = sorted(s["state"] for _o, s in broker.store.iter_halves())
+    states = sorted(s.status.value for _o, s in broker.store.iter_halves())
     assert states == ["COMMITTED", "ROLLED_BACK"]
 
 

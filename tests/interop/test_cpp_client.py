@@ -45,20 +45,15 @@ def halves_all_decided(broker, count: int):
     our listener returned. Counting the halves matters: before the peer's first send nothing is pending either."""
     states = broker.ctx.transactions
     changed = asyncio.Event()
-    original = states.submit_decide
+    original = states.decide
 
-    def submit_decide(*a, **kw):
-        future, finish = original(*a, **kw)
+    def decide(*a, **kw):
+        completion = original(*a, **kw)
+        completion.add_done_callback(lambda _c: changed.set())
+        return completion
 
-        def finish_and_signal(value):
-            outcome = finish(value)
-            changed.set()
-            return outcome
-
-        return future, finish_and_signal
-
-    states.submit_decide = submit_decide
-    states.on_prepared.append(lambda _due: changed.set())
+    states.decide = decide
+    states.on_due.append(lambda _due: changed.set())
 
     def done() -> bool:
         return sum(1 for _ in broker.store.iter_halves()) >= count and not broker.store.pending_halves_count()
@@ -130,6 +125,6 @@ async def test_transactions_commit_rollback_and_check_back(broker_factory, run_p
                                         "quiet": 2.0})
     assert sorted(int(m["idx"]) for m in got["received"]) == committed  # exactly the committed ones, once each
     for i, p in enumerate(PLAN):
-        state = [s for off, s in broker.store.iter_halves() if s["uniq"] == tx["sent"][i]["msg_id"]]
+        state = [s for off, s in broker.store.iter_halves() if s.uniq == tx["sent"][i]["msg_id"]]
         want = "COMMITTED" if i in committed else "ROLLED_BACK"
-        assert [s["state"] for s in state] == [want], (i, p, state)
+        assert [s.status.value for s in state] == [want], (i, p, state)

@@ -127,11 +127,11 @@ def test_sink_commits_everything_or_nothing(spark, live_broker):
                                                          explode_on_29(F.col("id")).alias("body"))
     with pytest.raises(PySparkException, match="task failure"):
         failing.write.format("halfmq").option("namesrv", live_broker.namesrv_addr).mode("append").save()
-    halves = [s for _o, s in live_broker.store.iter_halves() if s["topic"] == "SinkFail"]
-    assert halves and all(s["state"] != "COMMITTED" for s in halves)  # the failed job published nothing
+    halves = [s for _o, s in live_broker.store.iter_halves() if s.topic == "SinkFail"]
+    assert halves and all(s.status.value != "COMMITTED" for s in halves)  # the failed job published nothing
     # Halves of tasks still running when the job failed stay pending: the check-back rolls them back after the
     # sink's immunity time, never before.
-    assert all(s["due"] >= s["store_ts"] + 3_600_000 for s in halves if s["state"] == "PREPARED")
+    assert all(s.due >= s.store_ts + 3_600_000 for s in halves if s.pending)
     assert sum(live_broker.store.max_offset("SinkFail", q) for q in range(8)) == 0
 
 

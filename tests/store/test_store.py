@@ -1,21 +1,32 @@
-"""The LMDB store on a real environment in a temp folder."""
+"""The LMDB store on a real environment in a temp folder, with its real writer process."""
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
 
+import lmdb
 import pytest
 
-from halfmq.protocol.message import MessageRecord, decode_record, encode_record, tags_hash
-from halfmq.store import MessageStore, PutRequest, StoreConfig, StoreError, StoreFullError
+from halfmq.protocol.message import MessageRecord, decode_record, tags_hash
+from halfmq.store import (CorruptRecordError, CorruptStoreError, HalfState, HalfStatus, InvalidWriteError,
+                          MessageStore, StoreConfig, StoreFullError, StoreLockedError, StoreUnavailableError,
+                          message_request)
+from halfmq.store.ops import DeleteTopic, PutMessage, PutMessages, PutMeta, PutTopic, SetConsumerOffsets
 from halfmq.store.store import StoredEntry
+from halfmq.store.txops import DecideHalf, PrepareHalf
 
 
-def request(topic="T", queue_id=0, body=b"x", tag=None, index=True) -> PutRequest:
+def request(topic="T", queue_id=0, body=b"x", tag=None, index=True, keys=None):
     props = {"TAGS": tag} if tag else {}
+    if keys:
+        props["KEYS"] = keys
     rec = MessageRecord(topic=topic, body=body, queue_id=queue_id, born_host="127.0.0.1:1", properties=props)
-    return PutRequest(topic, queue_id, encode_record(rec), tags_hash(tag), index)
+    return message_request(rec, index)
+
+
+def put(store, *requests):
+    return store.submit(PutMessages(list(requests)))
 
 
 @pytest.fixture
@@ -36,7 +47,7 @@ async def open_store(tmp_path):
 
 async def test_put_stamps_offsets_and_reads_back(open_store):
     store = await open_store()
-    results = await store.put_messages([request(body=b"a"), request(body=b"bb"), request(queue_id=1, body=b"c")])
+    results = await put(store, request(body=b"a"), request(body=b"bb"), request(queue_id=1, body=b"c"))
     assert [r.queue_offset for r in results] == [0, 1, 0]
     assert results[0].physical_offset == 0
     assert results[1].physical_offset == results[0].size  # contiguous byte positions, like a commit log
@@ -52,57 +63,58 @@ async def test_put_stamps_offsets_and_reads_back(open_store):
 async def test_concurrent_puts_are_grouped_into_few_commits(open_store):
     store = await open_store()
     before = store.stats()["total_groups"]
-    await asyncio.gather(*(store.put_messages([request(body=str(i).encode())]) for i in range(500)))
+    await asyncio.gather(*(put(store, request(body=str(i).encode())) for i in range(500)))
     groups = store.stats()["total_groups"] - before
     assert groups < 50, groups  # 500 writes issued together share a handful of durable commits
     assert store.max_offset("T", 0) == 500
 
 
-async def test_failed_function_leaves_nothing_and_spares_its_group(open_store):
+async def test_an_op_that_cannot_be_applied_fails_alone_and_leaves_nothing(open_store):
     store = await open_store()
-
-    def failing(ctx):
-        ctx.put_message(request(body=b"partial"))
-        ctx.put_meta("k", 1)
-        raise ValueError("refused")
-
-    ok = store.put_messages([request(body=b"kept")])
-    bad = store.write(failing)
-    results = await asyncio.gather(ok, bad, return_exceptions=True)
-    assert isinstance(results[1], ValueError)
-    assert store.max_offset("T", 0) == 1 and store.get_meta("k") is None
-    assert decode_record(store.read_record(0)).body == b"kept"
-    after = await store.put_messages([request(body=b"next")])
-    assert after[0].queue_offset == 1 and after[0].physical_offset == results[0][0].size
+    kept = store.submit(PutMessage(request(body=b"kept")))
+    bad_key = store.submit(PutMessage(request(body=b"long key", keys="k" * 600)))
+    bad_batch = put(store, request(body=b"fine"), request(body=b"long", keys="ok " + "k" * 600))
+    bad_offset = store.submit(SetConsumerOffsets({("G" * 600, "T", 0): 1, ("G", "T", 0): 1}))
+    also_kept = store.submit(PutMessage(request(body=b"also kept", keys="short")))
+    for refused in (bad_key, bad_batch, bad_offset):
+        with pytest.raises(InvalidWriteError, match="511"):
+            await refused
+    first, second = await kept, await also_kept
+    assert store.max_offset("T", 0) == 2  # no buffered record, no moved counter left behind
+    assert second.queue_offset == 1 and second.physical_offset == first.size
+    assert list(store.consumer_offsets()) == []
+    assert [decode_record(r).body for r in store.messages_by_key("T", "short", 10)] == [b"also kept"]
+    after = await store.submit(PutMessage(request(body=b"next")))
+    assert after.queue_offset == 2
 
 
 async def test_full_map_fails_writes_clearly_and_keeps_reads(open_store):
     store = await open_store(map_size=1 << 20)
-    first = await store.put_messages([request(body=b"early")])
+    first = await put(store, request(body=b"early"))
     with pytest.raises(StoreFullError, match="mapSize"):
-        await store.put_messages([request(body=bytes(4096)) for _ in range(400)])
+        await put(store, *[request(body=bytes(4096)) for _ in range(400)])
     assert store.max_offset("T", 0) == 1
     assert decode_record(store.read_record(first[0].physical_offset)).body == b"early"
-    more = await store.put_messages([request(body=b"small")])  # the writer survived
+    more = await put(store, request(body=b"small"))  # the writer survived
     assert more[0].queue_offset == 1
 
 
-async def test_reopen_continues_counters_without_replay(open_store, tmp_path):
+async def test_reopen_continues_counters_without_replay(open_store):
     store = await open_store()
     for q in range(3):
-        await store.put_messages([request(queue_id=q, body=bytes([q]))] * (q + 2))
+        await put(store, *[request(queue_id=q, body=bytes([q]))] * (q + 2))
     await store.close()
     reopened = await open_store()
     assert [reopened.max_offset("T", q) for q in range(3)] == [2, 3, 4]
-    result = await reopened.put_messages([request(queue_id=2)])
+    result = await put(reopened, request(queue_id=2))
     assert result[0].queue_offset == 4
-    assert result[0].physical_offset == sum(len(r.record) for r in [request(queue_id=q, body=bytes([q]))
-                                                                     for q in range(3) for _ in range(q + 2)])
+    assert result[0].physical_offset == sum(len(request(queue_id=q, body=bytes([q])).record)
+                                            for q in range(3) for _ in range(q + 2))
 
 
 async def test_read_queue_filters_tags_and_respects_limits(open_store):
     store = await open_store()
-    await store.put_messages([request(tag=t, body=t.encode()) for t in "ABABAB"])
+    await put(store, *[request(tag=t, body=t.encode()) for t in "ABABAB"])
     records, nxt = store.read_queue("T", 0, 0, 10, frozenset({tags_hash("B")}), 1 << 20)
     assert [decode_record(r).body for r in records] == [b"B", b"B", b"B"] and nxt == 6
     records, nxt = store.read_queue("T", 0, 0, 2, None, 1 << 20)
@@ -113,7 +125,7 @@ async def test_read_queue_filters_tags_and_respects_limits(open_store):
 
 async def test_offset_for_timestamp_boundaries(open_store):
     store = await open_store()
-    stamps = [(await store.put_messages([request()]))[0].store_timestamp for _ in range(3)]
+    stamps = [(await put(store, request()))[0].store_timestamp for _ in range(3)]
     assert store.offset_for_timestamp("T", 0, 0) == 0
     assert store.offset_for_timestamp("T", 0, stamps[-1] + 1) == 3
     assert store.offset_for_timestamp("T", 0, stamps[-1] + 1, "upper") == 2
@@ -125,58 +137,120 @@ async def test_arrival_listener_fires_after_commit_only(open_store):
     store = await open_store()
     seen = []
     store.add_arrival_listener(lambda topic, q, m: seen.append((topic, q, m, store.max_offset(topic, q))))
-    await store.put_messages([request(), request(), request(queue_id=1), request(index=False)])
+    await put(store, request(), request(), request(queue_id=1), request(index=False))
     assert sorted(seen) == [("T", 0, 2, 2), ("T", 1, 1, 1)]
 
 
-async def test_transaction_tables_and_due_index(open_store):
+async def test_half_prepare_and_first_decision_wins(open_store):
     store = await open_store()
-
-    def write(ctx):
-        for offset, due in ((100, 30), (200, 10), (300, 20)):
-            ctx.put_half(offset, {"state": "PREPARED", "due": due})
-            ctx.add_due(due, offset)
-        ctx.remove_due(20, 300)
-
-    await store.write(write)
-    assert store.due_halves(25, 10) == [(10, 200)]
-    assert store.due_halves(100, 10) == [(10, 200), (30, 100)]
-    assert store.next_due() == (10, 200) and store.pending_halves_count() == 2
-    assert store.get_half(300) == {"state": "PREPARED", "due": 20}
-    assert sorted(o for o, _ in store.iter_halves()) == [100, 200, 300]
+    state = HalfState(HalfStatus.PREPARED, "PG", "Real", 2, "uniq-1", queue_offset=0, store_ts=0, due=0)
+    result, prepared = await store.submit(PrepareHalf(request(topic="HALF", body=b"half"), state, 5000))
+    assert prepared.due == result.store_timestamp + 5000 and store.pending_halves_count() == 1
+    assert store.next_due() == (prepared.due, result.physical_offset)
+    commit = DecideHalf(result.physical_offset, "PG", result.queue_offset, True, False)
+    rollback = DecideHalf(result.physical_offset, "PG", result.queue_offset, False, False)
+    first, again = store.submit(commit), store.submit(commit)
+    conflicting = store.submit(rollback)
+    decision = await first
+    assert decision.applied and decision.state.status is HalfStatus.COMMITTED
+    assert not (await again).applied
+    with pytest.raises(Exception, match="already COMMITTED"):
+        await conflicting
+    assert store.pending_halves_count() == 0 and store.get_half(result.physical_offset).status is HalfStatus.COMMITTED
+    records, _ = store.read_queue("Real", 2, 0, 10, None, 1 << 20)
+    assert [decode_record(r).body for r in records] == [b"half"]
 
 
 async def test_offsets_topics_meta_and_async_flush(open_store):
     store = await open_store(flush_disk_type="ASYNC_FLUSH", flush_interval_ms=10)
-    await store.set_consumer_offset("G", "T", 1, 42)
-    await store.put_topic("T", {"name": "T"})
-    await store.put_meta("m", [1, 2])
+    await store.submit(SetConsumerOffsets({("G", "T", 1): 42}))
+    await store.submit(PutTopic("T", {"name": "T"}))
+    await store.submit(PutMeta("m", [1, 2]))
     assert store.get_consumer_offset("G", "T", 1) == 42
     assert list(store.consumer_offsets()) == [("G", "T", 1, 42)]
     assert store.topics() == {"T": {"name": "T"}} and store.get_meta("m") == [1, 2]
-    await store.delete_topic("T")
+    await store.submit(DeleteTopic("T"))
     assert store.get_topic("T") is None
 
 
-async def test_close_drains_queued_writes(open_store, tmp_path):
+async def test_close_drains_queued_writes(open_store):
     store = await open_store()
-    futures = [store.submit_messages([request()]) for _ in range(50)]  # queued, not yet committed
+    completions = [put(store, request()) for _ in range(50)]  # queued, not yet committed
     await store.close()
-    assert all(f.done() and not f.exception() for f in futures)
+    assert all(c.done() and not c.exception() for c in completions)
     reopened = await open_store()
     assert reopened.max_offset("T", 0) == 50
 
 
-async def test_writes_wait_for_the_sync_helper_and_fail_clearly_when_it_dies(open_store):
+async def test_writes_wait_for_the_writer_and_fail_clearly_when_it_dies(open_store):
     store = await open_store()
-    helper = store.syncer.pid
-    os.kill(helper, signal.SIGSTOP)  # the disk "hangs": nothing may be acknowledged
-    pending = asyncio.ensure_future(store.put_messages([request(body=b"unsynced")]))
+    writer = store.link.pid
+    os.kill(writer, signal.SIGSTOP)  # the disk "hangs": nothing may be acknowledged
+    pending = asyncio.ensure_future(put(store, request(body=b"unsynced")))
     done, _ = await asyncio.wait({pending}, timeout=0.3)
-    assert not done and store.max_offset("T", 0) == 0  # neither answered nor visible before it is synced
-    os.kill(helper, signal.SIGKILL)
-    with pytest.raises(StoreError, match="sync helper"):
+    assert not done and store.max_offset("T", 0) == 0  # neither answered nor visible before it is durable
+    os.kill(writer, signal.SIGKILL)
+    with pytest.raises(StoreUnavailableError, match="writer process"):
         await asyncio.wait_for(pending, 10)
-    assert store.syncer.pid != helper  # a new helper took over
-    results = await asyncio.wait_for(store.put_messages([request(body=b"after")]), 10)
+    results = await asyncio.wait_for(put(store, request(body=b"after")), 10)  # a new writer took over
+    assert store.link.pid != writer
     assert decode_record(store.read_record(results[0].physical_offset)).body == b"after"
+
+
+async def test_a_second_owner_is_refused_naming_the_folder_and_process(open_store, tmp_path):
+    await open_store()
+    with pytest.raises(StoreLockedError, match=f"{tmp_path}.*process {os.getpid()}"):
+        await open_store()
+
+
+def _flip_body_byte(root, body: bytes) -> None:
+    path = os.path.join(root, "lmdb", "data.mdb")
+    with open(path, "r+b") as f:
+        data = f.read()
+        at = data.find(body)
+        assert at >= 0
+        while at >= 0:  # every copy: LMDB's copy-on-write may have left older page versions in the file
+            f.seek(at)
+            f.write(bytes([data[at] ^ 0xFF]))
+            at = data.find(body, at + 1)
+
+
+async def test_a_flipped_body_byte_is_never_served(open_store, tmp_path):
+    store = await open_store()
+    old = await put(store, request(body=b"old-body-0123456789"))
+    await put(store, *[request(body=b"newer %d" % i) for i in range(100)])
+    await store.close()
+    _flip_body_byte(tmp_path, b"old-body-0123456789")
+    store = await open_store()  # the damage is older than what the start-up check reads
+    with pytest.raises(CorruptRecordError, match=f"offset {old[0].physical_offset}"):
+        store.read_queue("T", 0, 0, 10, None, 1 << 20)
+    with pytest.raises(CorruptRecordError):
+        store.read_record(old[0].physical_offset)
+    records, nxt = store.read_queue("T", 0, 1, 10, None, 1 << 20)
+    assert len(records) == 10 and nxt == 11  # the rest of the queue is served
+    assert store.stats()["corrupt_records"] == 2
+
+
+async def test_a_corrupted_store_refuses_to_open_naming_it(open_store, tmp_path):
+    store = await open_store()
+    await put(store, request(body=b"newest-body-abcdef"))
+    await store.close()
+    _flip_body_byte(tmp_path, b"newest-body-abcdef")
+    with pytest.raises(CorruptStoreError, match=f"{tmp_path}.*CRC"):
+        await open_store()
+    os.truncate(os.path.join(tmp_path, "lmdb", "data.mdb"), 8192)  # a torn file: LMDB cannot open it
+    with pytest.raises(CorruptStoreError, match="cannot be opened"):
+        await open_store()
+
+
+async def test_an_unreadable_offset_row_does_not_stop_the_store(open_store, tmp_path):
+    store = await open_store()
+    await store.submit(SetConsumerOffsets({("G", "T", 0): 7}))
+    await store.close()
+    env = lmdb.open(os.path.join(tmp_path, "lmdb"), max_dbs=16)
+    with env.begin(write=True, db=env.open_db(b"offsets")) as txn:
+        txn.put(b"bad\x00group\x00T\x000", b"\x00" * 8)  # written before names were validated
+        txn.put(b"\xff\xfe\x00T\x000", b"\x00" * 8)
+    env.close()
+    store = await open_store()
+    assert list(store.consumer_offsets()) == [("G", "T", 0, 7)]

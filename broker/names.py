@@ -1,0 +1,182 @@
+"""The rules for every client-supplied name that becomes a store key, a topic or a registry key.
+
+This module owns what a valid topic, group, client id and message key is; processors call it at the request
+boundary, so nothing that passes can later break a store key or the start-up that parses it back.
+
+Why these limits (LMDB refuses a key longer than 511 bytes, and the offsets loader splits its keys on NUL):
+
+- **topic**: at most 127 characters of ``[%|a-zA-Z0-9_-]`` (RocketMQ's ``TopicValidator``/``Validators``). The
+  pattern is ASCII, so 127 characters are 127 bytes. Retry and DLQ topics obey the same rule.
+- **group** (consumer or producer): the same characters, at most **120**. A consumer group becomes the topics
+  ``%RETRY%<group>`` and ``%DLQ%<group>``, and 127 - len("%RETRY%") = 120 keeps them valid topics. RocketMQ's own
+  broker settled on 120 too (``TopicValidator.GROUP_MAX_LENGTH``, apache/rocketmq #9563); the 4.9 Java client
+  still allows 255, so a 4.9 client with a 121-255 character group is refused here with a remark saying why. A
+  255-character group could not work anyway: its offset key ``group NUL %RETRY%group NUL queueId`` would pass
+  511 bytes.
+- **message key** (each KEYS entry, UNIQ_KEY): at most 374 UTF-8 bytes. The key index stores
+  ``topic NUL key NUL <8-byte offset>``; with the longest topic that leaves 511 - 127 - 2 - 8 = 374. One limit for
+  every topic, because a message keeps its KEYS when it moves to a retry, DLQ or schedule topic.
+- **client id** (``ip@instanceName``, stored with each registration and each half message): at most 255 bytes.
+- No name may hold a control character (NUL, RocketMQ's property separators \\x01 and \\x02, the rest of C0, DEL,
+  C1) or a lone surrogate (it cannot be encoded into a key); a message key holds no whitespace (KEYS are split
+  on it).
+
+Codes: a bad topic, group or client id in a request answers SYSTEM_ERROR, which is what RocketMQ 4.9 answers for a
+bad topic (its broker checks no group names); a bad message property answers MESSAGE_ILLEGAL, so a producer
+does not retry the same message on another broker.
+"""
+from __future__ import annotations
+
+import re
+
+from halfmq.protocol import properties as P
+from halfmq.protocol.codes import ResponseCode
+
+from .errors import BrokerError
+
+LMDB_MAX_KEY_BYTES = 511
+MAX_TOPIC_LENGTH = 127
+RETRY_PREFIX = "%RETRY%"
+DLQ_PREFIX = "%DLQ%"
+MAX_GROUP_LENGTH = MAX_TOPIC_LENGTH - len(RETRY_PREFIX)
+#: topic NUL key NUL + 8-byte offset: the key index's key around a message key.
+_KEY_INDEX_OVERHEAD = 1 + 1 + 8
+MAX_MESSAGE_KEY_BYTES = LMDB_MAX_KEY_BYTES - MAX_TOPIC_LENGTH - _KEY_INDEX_OVERHEAD
+MAX_CLIENT_ID_BYTES = 255
+
+PATTERN_TEXT = "^[%|a-zA-Z0-9_-]+$"
+_NAME = re.compile(r"[%|a-zA-Z0-9_-]+")
+_NOT_NAME = re.compile(r"[^%|a-zA-Z0-9_-]")
+#: Unicode's control characters (C0 with NUL and the property separators, DEL, C1) and lone surrogates.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+_CONTROL_OR_SPACE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff\\s]")
+_SHOWN = 48
+
+
+def _show(value: str) -> str:
+    """The value for a remark: escaped (a remark never carries a control character) and cut short."""
+    if len(value) <= _SHOWN:
+        return repr(value)
+    return f"{value[:_SHOWN]!r}... ({len(value)} characters)"
+
+
+def _utf8_len(value: str) -> int:
+    # surrogatepass: a lone surrogate must give a length, not an exception; it is refused by _CONTROL anyway.
+    return len(value) if value.isascii() else len(value.encode("utf-8", "surrogatepass"))
+
+
+def _text(value: object, field: str, code: int) -> str:
+    if not isinstance(value, str):
+        raise BrokerError(code, f"{field} must be a string, got {type(value).__name__}")
+    if not value or value.isspace():
+        raise BrokerError(code, f"{field} is blank")
+    return value
+
+
+def _check_name(value: object, field: str, kind: str, max_length: int, code: int) -> str:
+    name = _text(value, field, code)
+    if len(name) <= max_length and _NAME.fullmatch(name):
+        return name
+    if len(name) > max_length:
+        raise BrokerError(code, f"{field} is {len(name)} characters, longer than the {kind} max length "
+                                f"{max_length}: {_show(name)}")
+    bad = _NOT_NAME.search(name)
+    raise BrokerError(code, f"{field} {_show(name)} contains the illegal character {bad.group()!r} at index "
+                            f"{bad.start()}; a {kind} allows only {PATTERN_TEXT}")
+
+
+def check_topic(value: object, field: str = "topic", code: int = ResponseCode.SYSTEM_ERROR) -> str:
+    """A topic name: 1-127 characters of [%|a-zA-Z0-9_-].
+
+    Args:
+        value: the name as the request carried it (any JSON value for a request body).
+        field: the request field, named in the remark.
+        code: the response code of a refusal.
+    Returns:
+        The name.
+    Raises:
+        BrokerError: ``code`` with a remark naming the field and the broken limit.
+    """
+    return _check_name(value, field, "topic", MAX_TOPIC_LENGTH, code)
+
+
+def validate_topic_name(name: object) -> None:
+    """A topic name as a send or a topic creation carries it; raises BrokerError(SYSTEM_ERROR)."""
+    _check_name(name, "topic", "topic", MAX_TOPIC_LENGTH, ResponseCode.SYSTEM_ERROR)
+
+
+def check_group(value: object, field: str = "group", code: int = ResponseCode.SYSTEM_ERROR) -> str:
+    """A consumer or producer group: 1-120 characters of [%|a-zA-Z0-9_-], so %RETRY%<group> is a valid topic.
+
+    Args:
+        value: the name as the request carried it.
+        field: the request field (``consumerGroup``, ``producerGroup``, ...), named in the remark.
+        code: the response code of a refusal.
+    Returns:
+        The name.
+    Raises:
+        BrokerError: ``code`` with a remark naming the field and the broken limit.
+    """
+    return _check_name(value, field, "group", MAX_GROUP_LENGTH, code)
+
+
+def check_client_id(value: object, field: str = "clientID", code: int = ResponseCode.SYSTEM_ERROR) -> str:
+    """A client id or instance name: 1-255 UTF-8 bytes without control characters.
+
+    Raises:
+        BrokerError: ``code`` with a remark naming the field and the broken limit.
+    """
+    client_id = _text(value, field, code)
+    _check_bytes(client_id, field, MAX_CLIENT_ID_BYTES, _CONTROL, "a control character", code)
+    return client_id
+
+
+def check_message_key(value: object, field: str = "key", code: int = ResponseCode.MESSAGE_ILLEGAL) -> str:
+    """One message key (a KEYS entry, a UNIQ_KEY, a QUERY_MESSAGE key): 1-374 UTF-8 bytes, no whitespace and
+    no control characters.
+
+    Raises:
+        BrokerError: ``code`` with a remark naming the field and the broken limit.
+    """
+    key = _text(value, field, code)
+    _check_bytes(key, field, MAX_MESSAGE_KEY_BYTES, _CONTROL_OR_SPACE, "whitespace or a control character", code)
+    return key
+
+
+def _check_bytes(value: str, field: str, max_bytes: int, forbidden: re.Pattern, what: str, code: int) -> None:
+    # The common case first: printable ASCII is one byte a character, holds no control character and no
+    # whitespace but the space.
+    if (len(value) <= max_bytes and value.isascii() and value.isprintable()
+            and (forbidden is _CONTROL or " " not in value)):
+        return
+    bad = forbidden.search(value)
+    if bad is not None:
+        raise BrokerError(code, f"{field} {_show(value)} contains {what} ({bad.group()!r} at index {bad.start()})")
+    size = _utf8_len(value)
+    if size > max_bytes:
+        raise BrokerError(code, f"{field} is {size} bytes, longer than the {max_bytes}-byte limit: {_show(value)}")
+
+
+def check_message(topic: str, properties: dict[str, str], producer_group: str | None = None) -> None:
+    """The properties of a message to store that become keys: each KEYS entry and UNIQ_KEY (the key index), and
+    for a transactional message the group its half is filed under (PGROUP, else ``producer_group``).
+
+    Args:
+        topic: the topic the message is sent to (named in the remark; the topic itself is checked by
+            ``validate_topic_name``).
+        properties: the decoded message properties.
+        producer_group: the request header's producerGroup.
+    Raises:
+        BrokerError: MESSAGE_ILLEGAL with a remark naming the property and the broken limit.
+    """
+    keys = properties.get(P.KEYS)
+    if keys:
+        for entry in keys.split():  # split as the store's key index splits them
+            if len(entry) > MAX_MESSAGE_KEY_BYTES or not entry.isascii() or not entry.isprintable():
+                check_message_key(entry, f"a KEYS entry of a message to {topic}")
+    uniq = properties.get(P.UNIQ_KEY)
+    if uniq is not None:
+        check_message_key(uniq, f"the UNIQ_KEY of a message to {topic}")
+    if properties.get(P.TRAN_MSG) == "true":
+        group = properties.get(P.PGROUP) or producer_group
+        check_group(group, "the producer group (PGROUP) of a transactional message", ResponseCode.MESSAGE_ILLEGAL)

@@ -1,0 +1,157 @@
+"""WriteContext: the primitives a write op may use inside the writer's transaction, and the writer's counters.
+
+An op validates everything before its first write (``check_*`` raise InvalidWriteError and write nothing); the
+context counts writes so the writer can tell an op that failed cleanly from one that failed half way.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from halfmq.protocol.message import stamp_record
+
+from .errors import InvalidWriteError
+from .halfs import HalfState
+from .keys import CQ_VALUE, DUE_KEY, QUEUE_KEY, TOPIC_ID, U64, offset_key
+from .requests import PutRequest, PutResult
+
+import msgpack
+
+
+@dataclass
+class Counters:
+    """Where the next record and queue entries go (owned by the writer process)."""
+
+    next_physical: int = 0
+    queue_max: dict[tuple[str, int], int] = field(default_factory=dict)
+    topic_ids: dict[str, int] = field(default_factory=dict)
+
+    def copy(self) -> "Counters":
+        return Counters(self.next_physical, dict(self.queue_max), dict(self.topic_ids))
+
+
+class WriteContext:
+    """Valid only inside one group's transaction. Records and queue entries wait in buffers until ``flush`` (or a
+    read that could need them) and then go in with one putmulti per table."""
+
+    def __init__(self, txn, dbs, counters: Counters, now_ms: int, max_key: int):
+        self.txn = txn
+        self.dbs = dbs
+        self.counters = counters
+        self.now_ms = now_ms
+        self.max_key = max_key
+        self.grown: dict[tuple[str, int], int] = {}
+        self.new_topics: dict[str, int] = {}
+        self.writes = 0  # how many writes ops made so far (an op that fails must not have moved it)
+        self._records: list[tuple[bytes, bytearray]] = []
+        self._first_buffered = 0
+        self._entries: list[tuple[bytes, bytes]] = []
+
+    # --- validation (no writes) ---
+    def check_key(self, key: bytes, what: str) -> None:
+        if not key or len(key) > self.max_key:
+            raise InvalidWriteError(f"{what} makes a store key of {len(key)} bytes; the store takes 1 to "
+                                    f"{self.max_key} bytes")
+
+    def check_message(self, req: PutRequest) -> None:
+        """Raises InvalidWriteError when ``req`` cannot be stored whole."""
+        topic = req.topic.encode()
+        self.check_key(topic, f"the topic name {req.topic[:40]!r}")
+        if req.keys:
+            for key in req.keys.split():
+                self.check_key(_key_index_key(topic, key, 0), f"the KEYS entry {key[:40]!r}")
+
+    # --- writes ---
+    def flush(self) -> None:
+        if self._records:
+            records, self._records = self._records, []
+            _put_all(self.txn, self.dbs["commitlog"], records, append=True)
+        if self._entries:
+            entries, self._entries = self._entries, []
+            _put_all(self.txn, self.dbs["cq"], entries, append=False)
+
+    def _topic_id(self, topic: str) -> int:
+        tid = self.counters.topic_ids.get(topic)
+        if tid is None:
+            tid = len(self.counters.topic_ids) + 1
+            self.counters.topic_ids[topic] = tid
+            self.new_topics[topic] = tid
+            self.txn.put(topic.encode(), TOPIC_ID.pack(tid), db=self.dbs["topic_ids"])
+        return tid
+
+    def put_message(self, req: PutRequest) -> PutResult:
+        """Store one record (checked first: it writes nothing when it raises)."""
+        self.check_message(req)
+        self.writes += 1
+        counters = self.counters
+        physical = counters.next_physical
+        queue_offset = 0
+        if req.index:
+            key = (req.topic, req.queue_id)
+            queue_offset = counters.queue_max.get(key, 0)
+        record = req.record
+        stamp_record(record, queue_offset, physical, self.now_ms)
+        size = len(record)
+        if not self._records:
+            self._first_buffered = physical
+        self._records.append((U64.pack(physical), record))
+        if req.index:
+            tid = self._topic_id(req.topic)
+            self._entries.append((QUEUE_KEY.pack(tid, req.queue_id, queue_offset),
+                                  CQ_VALUE.pack(physical, size, req.tags_code, self.now_ms)))
+            counters.queue_max[key] = queue_offset + 1
+            self.grown[key] = queue_offset + 1
+        if req.keys:
+            keys_db, topic = self.dbs["keys"], req.topic.encode()
+            for key in req.keys.split():
+                self.txn.put(_key_index_key(topic, key, physical), b"", db=keys_db)
+        counters.next_physical = physical + size
+        return PutResult(physical, queue_offset, self.now_ms, size)
+
+    def read_record(self, physical_offset: int) -> bytes | None:
+        if self._records and physical_offset >= self._first_buffered:
+            self.flush()  # the record may still be in the buffer
+        return self.txn.get(U64.pack(physical_offset), db=self.dbs["commitlog"])
+
+    def get_half(self, half_offset: int) -> HalfState | None:
+        raw = self.txn.get(U64.pack(half_offset), db=self.dbs["halfs"])
+        return None if raw is None else HalfState.from_bytes(raw)
+
+    def put_half(self, half_offset: int, state: HalfState) -> None:
+        self.writes += 1
+        self.txn.put(U64.pack(half_offset), state.to_bytes(), db=self.dbs["halfs"])
+
+    def add_due(self, due_ms: int, half_offset: int) -> None:
+        self.writes += 1
+        self.txn.put(DUE_KEY.pack(max(0, due_ms), half_offset), b"", db=self.dbs["due"])
+
+    def remove_due(self, due_ms: int, half_offset: int) -> None:
+        self.writes += 1
+        self.txn.delete(DUE_KEY.pack(max(0, due_ms), half_offset), db=self.dbs["due"])
+
+    def set_consumer_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        self.writes += 1
+        self.txn.put(offset_key(group, topic, queue_id), U64.pack(max(0, offset)), db=self.dbs["offsets"])
+
+    def put_topic(self, name: str, config: dict) -> None:
+        self.writes += 1
+        self.txn.put(name.encode(), msgpack.packb(config), db=self.dbs["topics"])
+
+    def delete_topic(self, name: str) -> None:
+        self.writes += 1
+        self.txn.delete(name.encode(), db=self.dbs["topics"])
+
+    def put_meta(self, key: str, value) -> None:
+        self.writes += 1
+        self.txn.put(key.encode(), msgpack.packb(value), db=self.dbs["meta"])
+
+
+def _key_index_key(topic: bytes, key: str, physical: int) -> bytes:
+    return b"%s\x00%s\x00%s" % (topic, key.encode(), U64.pack(physical))
+
+
+def _put_all(txn, db, items: list, append: bool) -> None:
+    """All ``items`` in one call (one GIL release); every key must be new."""
+    with txn.cursor(db=db) as cursor:
+        _consumed, added = cursor.putmulti(items, append=append)
+    if added != len(items):
+        raise RuntimeError(f"only {added} of {len(items)} records were written (a key already existed)")

@@ -1,0 +1,60 @@
+"""Half-message state: one typed record per half, keyed by the half record's commit-log offset.
+
+The row is msgpack of a dict with the field names below (the layout earlier versions wrote, so an existing store
+reads as it is). Only the transaction ops (txops.py) change it, inside the writer's transaction.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from enum import Enum
+
+import msgpack
+
+
+class HalfStatus(str, Enum):
+    PREPARED = "PREPARED"
+    COMMITTED = "COMMITTED"
+    ROLLED_BACK = "ROLLED_BACK"
+    DISCARDED = "DISCARDED"
+
+
+@dataclass(slots=True)
+class HalfState:
+    status: HalfStatus
+    group: str                      #: producer group that sent the half
+    topic: str                      #: real topic and queue the commit goes to
+    queue_id: int
+    uniq: str                       #: UNIQ_KEY, the transaction id clients see
+    queue_offset: int               #: the half's offset in the half topic (tranStateTableOffset)
+    store_ts: int
+    due: int                        #: next check, broker clock ms (its entry in the due index while PREPARED)
+    checks: int = 0
+    client_id: str | None = None    #: client that sent it, to check it back there first
+    size: int = 0
+    tags_code: int = 0
+    keys: str | None = None
+    waiting: bool = False           #: no live producer at the last check: waits for one to register
+    last_check_ts: int | None = None
+    decided_ts: int | None = None
+    decided_by: str | None = None   #: "producer", "check" or "discard"
+    committed_offset: int | None = None
+    discarded_offset: int | None = None
+
+    @property
+    def pending(self) -> bool:
+        return self.status is HalfStatus.PREPARED
+
+    def to_bytes(self) -> bytes:
+        row = asdict(self)
+        row["state"] = row.pop("status").value
+        return msgpack.packb({k: v for k, v in row.items() if v is not None and v is not False})
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> "HalfState":
+        row = msgpack.unpackb(raw)
+        row["status"] = HalfStatus(row.pop("state"))
+        row.setdefault("due", 0)
+        return cls(**{k: v for k, v in row.items() if k in _FIELDS})
+
+
+_FIELDS = frozenset(HalfState.__dataclass_fields__)

@@ -1,0 +1,214 @@
+"""The broker's side of the writer process (writer.py): groups out, outcomes and durability back.
+
+Groups are numbered in the order they are sent; the writer applies them in that order and reports each group's
+outcomes at commit and, with a group number, how far everything is durable. ``publish(items, grown)`` is called
+on the event loop, in group order, once groups are durable (SYNC_FLUSH) or committed (ASYNC_FLUSH). If the
+writer dies, every group not yet published fails with StoreUnavailableError (none is known to be durable) and a
+new writer is started.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import pickle
+import socket
+import subprocess
+import sys
+import time
+from typing import Callable
+
+from .errors import CorruptStoreError, StoreUnavailableError
+from .writer import FRAME
+
+log = logging.getLogger(__name__)
+MAX_WAITING_GROUPS = 100_000  #: groups sent but not durable before new ones are refused (the disk is behind)
+
+
+class _Group:
+    __slots__ = ("gid", "ops", "completions", "outcomes", "grown", "sent")
+
+    def __init__(self, gid: int, ops: list, completions: list):
+        self.sent = time.perf_counter()
+        self.gid = gid
+        self.ops = ops
+        self.completions = completions
+        self.outcomes: list | None = None
+        self.grown: dict = {}
+
+
+class _Protocol(asyncio.Protocol):
+    def __init__(self, link: "WriterLink"):
+        self.link = link
+        self.buffer = bytearray()
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buffer
+        buf += data
+        pos = 0
+        messages = []
+        while len(buf) - pos >= 4:
+            (size,) = FRAME.unpack_from(buf, pos)
+            if len(buf) - pos - 4 < size:
+                break
+            messages.append(pickle.loads(memoryview(buf)[pos + 4:pos + 4 + size]))
+            pos += 4 + size
+        del buf[:pos]
+        for message in messages:
+            self.link.on_message(message)
+
+    def connection_lost(self, exc) -> None:
+        self.link.on_lost(exc)
+
+
+class WriterLink:
+    def __init__(self, path: str, map_size: int, sync_each: bool, flush_interval_ms: int,
+                 publish: Callable[[list, dict], None], on_ready: Callable[[dict, dict], None],
+                 inherit_fds: tuple[int, ...] = ()):
+        self.inherit_fds = inherit_fds  # the store's owner lock: held as long as the writer lives
+        self.last_commit_seconds = 0.0  # from a group's hand-off to its commit
+        self.last_sync_seconds = 0.0    # from a group's hand-off to its publication (durable)
+        self.args = [path, str(map_size), "1" if sync_each else "0", str(flush_interval_ms)]
+        self.sync_each = sync_each
+        self.publish = publish        # publish([(completion, outcome)], grown) in group order
+        self.on_ready = on_ready      # on_ready(queue_max, topic_ids) when a writer (re)started
+        self.new_topics: Callable[[dict], None] = lambda topics: None
+        self.proc: subprocess.Popen | None = None
+        self.transport: asyncio.Transport | None = None
+        self.waiting: collections.deque[_Group] = collections.deque()  # sent, not yet published; oldest first
+        self.next_gid = 1
+        self.max_key = 511
+        self.closing = False
+        self._ready: asyncio.Future | None = None
+        self._closed: asyncio.Future | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        ours, theirs = socket.socketpair()
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-m", "halfmq.store.writer_process", *self.args, str(theirs.fileno())],
+                                         pass_fds=(theirs.fileno(), *self.inherit_fds))
+        finally:
+            theirs.close()
+        self._ready = loop.create_future()
+        self.transport, _ = await loop.create_connection(lambda: _Protocol(self), sock=ours)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._ready), 60)
+        except BaseException:
+            self._kill()
+            raise
+
+    def send(self, ops: list, completions: list) -> None:
+        if len(self.waiting) >= MAX_WAITING_GROUPS:
+            error = StoreUnavailableError("the store's disk is not keeping up with the writes (nothing of this "
+                                          "write is acknowledged)")
+            self.publish([(c, (False, error)) for c in completions], {})
+            return
+        group = _Group(self.next_gid, ops, completions)
+        self.next_gid += 1
+        self.waiting.append(group)
+        payload = pickle.dumps(("group", group.gid, ops), protocol=pickle.HIGHEST_PROTOCOL)
+        self.transport.write(FRAME.pack(len(payload)) + payload)
+
+    # --- from the writer ---
+    def on_message(self, message) -> None:
+        kind = message[0]
+        if kind == "committed":
+            _kind, answers, grown, new_topics, durable = message
+            if new_topics:
+                self.new_topics(new_topics)
+            by_gid = {group.gid: group for group in self.waiting}
+            for gid, outcomes in answers:
+                by_gid[gid].outcomes = outcomes
+            last = by_gid[answers[-1][0]]
+            last.grown = grown
+            self.last_commit_seconds = time.perf_counter() - last.sent
+            self._publish_upto(answers[-1][0] if not self.sync_each else durable)
+        elif kind == "durable":
+            self._publish_upto(message[1])
+        elif kind == "failed":
+            if self._ready is not None and not self._ready.done():
+                self._ready.set_exception(CorruptStoreError(f"the store at {self.args[0]} cannot be opened: "
+                                                            f"{message[1]}"))
+        elif kind == "ready":
+            _kind, queue_max, topic_ids, self.max_key = message
+            self.on_ready(queue_max, topic_ids)
+            if self._ready is not None and not self._ready.done():
+                self._ready.set_result(None)
+
+    def _publish_upto(self, gid: int) -> None:
+        items, grown = [], {}
+        waiting = self.waiting
+        group = None
+        while waiting and waiting[0].gid <= gid and waiting[0].outcomes is not None:
+            group = waiting.popleft()
+            items += zip(group.completions, group.outcomes)
+            grown.update(group.grown)  # later groups only grow a queue further
+        if group is not None:
+            self.last_sync_seconds = time.perf_counter() - group.sent
+        if items:
+            self.publish(items, grown)
+        if not waiting and self._closed is not None and not self._closed.done():
+            self._closed.set_result(None)
+
+    def on_lost(self, exc) -> None:
+        self.transport = None
+        waiting, self.waiting = list(self.waiting), collections.deque()
+        if self._closed is not None and not waiting:
+            self._closed.done() or self._closed.set_result(None)
+            return
+        status = self.proc.poll() if self.proc is not None else None
+        reason = f"the store's writer process stopped (status {status})" if status is not None else \
+            f"the connection to the store's writer process was lost ({exc})"
+        log.error("%s; %d groups waiting for it fail", reason, len(waiting))
+        error = StoreUnavailableError(f"{reason}; nothing of this write is acknowledged")
+        self.publish([(c, (False, error)) for group in waiting for c in group.completions], {})
+        self._kill()
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_exception(CorruptStoreError(
+                f"the store at {self.args[0]} cannot be opened: its writer process died while opening it ({reason}); "
+                "the data file may be truncated or corrupted"))
+        if self._closed is not None:
+            self._closed.done() or self._closed.set_result(None)
+        elif not self.closing:
+            asyncio.get_running_loop().create_task(self._restart())
+
+    async def _restart(self) -> None:
+        try:
+            await self.start()
+            log.info("a new store writer process took over (pid %d)", self.proc.pid)
+        except Exception:
+            log.exception("could not restart the store's writer process; writes fail until the broker restarts")
+
+    async def close(self, timeout: float = 30.0) -> None:
+        """Let the writer finish what was sent, sync, and exit."""
+        self.closing = True
+        if self.transport is None:
+            self._kill()
+            return
+        self._closed = asyncio.get_running_loop().create_future()
+        payload = pickle.dumps(("close",))
+        self.transport.write(FRAME.pack(len(payload)) + payload)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._closed), timeout)
+            await asyncio.get_running_loop().run_in_executor(None, self.proc.wait, timeout)
+        except (asyncio.TimeoutError, subprocess.TimeoutExpired):
+            log.error("the store's writer process did not finish within %s s; stopping it", timeout)
+        finally:
+            if self.transport is not None:
+                self.transport.close()
+            self._kill()
+
+    def _kill(self) -> None:
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        if proc is not None:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                log.error("the store's writer process %d did not exit", proc.pid)

@@ -1,0 +1,102 @@
+"""The store's write ops. Every write goes through ``MessageStore.submit(op)`` as one of these.
+
+An op is plain data (it is pickled to the writer process) with ``apply(wctx)``, run inside the group's LMDB
+transaction. Contract: ``apply`` checks everything first and raises (InvalidWriteError, or another StoreError for a
+refused transition) only before its first write; its value is the op's result. An op that breaks the contract
+is still undone: the writer retries the group without it (writer.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .context import WriteContext
+from .keys import offset_key
+from .requests import PutRequest, PutResult
+
+
+class Op:
+    __slots__ = ()
+
+    def apply(self, wctx: WriteContext):
+        raise NotImplementedError
+
+
+@dataclass(slots=True)
+class PutMessage(Op):
+    """One message (a send)."""
+
+    request: PutRequest
+
+    def apply(self, wctx: WriteContext) -> PutResult:
+        return wctx.put_message(self.request)
+
+
+@dataclass(slots=True)
+class PutMessages(Op):
+    """Messages stored all or none (a batch, a retry or DLQ copy)."""
+
+    requests: list[PutRequest]
+
+    def apply(self, wctx: WriteContext) -> list[PutResult]:
+        for req in self.requests:
+            wctx.check_message(req)
+        return [wctx.put_message(req) for req in self.requests]
+
+
+@dataclass(slots=True)
+class DeliverDelayed(Op):
+    """Delayed messages re-stored to their real topics, with the level's progress advanced in the same write."""
+
+    requests: list[PutRequest]
+    progress_key: str
+    next_offset: int
+
+    def apply(self, wctx: WriteContext) -> None:
+        wctx.check_key(self.progress_key.encode(), "the schedule progress key")
+        for req in self.requests:
+            wctx.check_message(req)
+        for req in self.requests:
+            wctx.put_message(req)
+        wctx.put_meta(self.progress_key, self.next_offset)
+
+
+@dataclass(slots=True)
+class SetConsumerOffsets(Op):
+    """Consumer offsets: {(group, topic, queue id): offset}."""
+
+    offsets: dict[tuple[str, str, int], int]
+
+    def apply(self, wctx: WriteContext) -> None:
+        for (group, topic, queue_id) in self.offsets:
+            wctx.check_key(offset_key(group, topic, queue_id), f"the consumer offset of group {group[:40]!r}")
+        for (group, topic, queue_id), offset in self.offsets.items():
+            wctx.set_consumer_offset(group, topic, queue_id, offset)
+
+
+@dataclass(slots=True)
+class PutTopic(Op):
+    name: str
+    config: dict
+
+    def apply(self, wctx: WriteContext) -> None:
+        wctx.check_key(self.name.encode(), f"the topic name {self.name[:40]!r}")
+        wctx.put_topic(self.name, self.config)
+
+
+@dataclass(slots=True)
+class DeleteTopic(Op):
+    name: str
+
+    def apply(self, wctx: WriteContext) -> None:
+        wctx.check_key(self.name.encode(), f"the topic name {self.name[:40]!r}")
+        wctx.delete_topic(self.name)
+
+
+@dataclass(slots=True)
+class PutMeta(Op):
+    key: str
+    value: object
+
+    def apply(self, wctx: WriteContext) -> None:
+        wctx.check_key(self.key.encode(), "the meta key")
+        wctx.put_meta(self.key, self.value)

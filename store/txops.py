@@ -1,0 +1,208 @@
+"""Transaction ops: every transition of a half message (ARCHITECTURE.md "Transaction state machine").
+
+PREPARED → COMMITTED | ROLLED_BACK | DISCARDED, and DISCARDED → PREPARED by a resume. Each transition is one op,
+applied in one LMDB write transaction: a commit writes the real-topic record, its consume-queue entry and the
+half's new state together, so a crash can neither lose a commit nor deliver it twice, and the first durable
+decision wins. The broker's TransactionStates submits these and keeps the metrics.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from halfmq.protocol import properties as P
+from halfmq.protocol.message import (body_crc_matches, decode_record, mark_committed, record_properties_text,
+                                     rewrite_record)
+
+from .context import WriteContext
+from .errors import CorruptRecordError, HalfConflictError, HalfMismatchError, HalfNotFoundError
+from .halfs import HalfState, HalfStatus
+from .ops import Op
+from .requests import PutRequest, PutResult, message_request
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What a decision did: ``applied`` is False for a repeated decision acknowledged without effect."""
+
+    state: HalfState
+    applied: bool
+    previous: HalfStatus
+    committed: PutResult | None = None
+
+
+def _half_record(wctx: WriteContext, half_offset: int) -> bytes:
+    raw = wctx.read_record(half_offset)
+    if raw is None:
+        raise HalfNotFoundError(f"the half message's record at {half_offset} is missing")
+    if not body_crc_matches(raw):
+        raise CorruptRecordError(half_offset, "body CRC mismatch")
+    return raw
+
+
+@dataclass(slots=True)
+class PrepareHalf(Op):
+    """Store a half message (in the half topic) and its PREPARED state, first check due ``delay_ms`` later."""
+
+    request: PutRequest          #: the half record, in the half topic (not indexed by KEYS there)
+    state: HalfState             #: its state, without the fields only the store knows
+    delay_ms: int
+
+    def apply(self, wctx: WriteContext) -> tuple[PutResult, HalfState]:
+        # The commit will index the real topic by these KEYS: refuse them now, not at the commit.
+        wctx.check_message(PutRequest(self.state.topic, self.state.queue_id, self.request.record,
+                                      keys=self.state.keys))
+        result = wctx.put_message(self.request)
+        state = self.state
+        state.queue_offset, state.store_ts, state.size = result.queue_offset, result.store_timestamp, result.size
+        state.due = result.store_timestamp + self.delay_ms
+        wctx.put_half(result.physical_offset, state)
+        wctx.add_due(state.due, result.physical_offset)
+        return result, state
+
+
+@dataclass(slots=True)
+class DecideHalf(Op):
+    """COMMIT or ROLLBACK (reference §5.3) with the first-decision-wins guard."""
+
+    half_offset: int
+    group: str
+    queue_offset: int
+    commit: bool
+    from_check: bool
+
+    def apply(self, wctx: WriteContext) -> Decision:
+        offset = self.half_offset
+        state = wctx.get_half(offset)
+        if state is None:
+            raise HalfNotFoundError("Find prepared transaction message failed")
+        if state.group != self.group:
+            raise HalfMismatchError("The producer group wrong")
+        if state.queue_offset != self.queue_offset:
+            raise HalfMismatchError("The transaction state table offset wrong")
+        wanted = HalfStatus.COMMITTED if self.commit else HalfStatus.ROLLED_BACK
+        current = state.status
+        if current is wanted:
+            return Decision(state, False, current)
+        if current is HalfStatus.COMMITTED or (self.commit and current is not HalfStatus.PREPARED):
+            raise HalfConflictError(f"the transaction is already {current.value}; {wanted.value} refused")
+        committed = None
+        if self.commit:
+            raw = _half_record(wctx, offset)
+            record = rewrite_record(raw, state.topic, state.queue_id, record_properties_text(raw))
+            mark_committed(record, offset)
+            request = PutRequest(state.topic, state.queue_id, record, state.tags_code, True, state.keys)
+            committed = wctx.put_message(request)
+            state.committed_offset = committed.physical_offset
+        if current is HalfStatus.PREPARED:
+            wctx.remove_due(state.due, offset)
+        state.status = wanted
+        state.decided_ts = wctx.now_ms
+        state.decided_by = "check" if self.from_check else "producer"
+        wctx.put_half(offset, state)
+        return Decision(state, True, current, committed)
+
+
+@dataclass(slots=True)
+class RescheduleChecks(Op):
+    """After a check pass: halves checked (new check counts), halves waiting for a producer, and due-index
+    entries left behind by decisions."""
+
+    attempts: dict[int, int]
+    postponed: list[int]
+    stale: list[tuple[int, int]]
+    interval_ms: int
+
+    def apply(self, wctx: WriteContext) -> None:
+        for offset, checks in self.attempts.items():
+            self._reschedule(wctx, offset, checks)
+        for offset in self.postponed:
+            self._reschedule(wctx, offset, None)
+        for due_ms, offset in self.stale:
+            state = wctx.get_half(offset)
+            if state is None or not state.pending or state.due != due_ms:
+                wctx.remove_due(due_ms, offset)
+
+    def _reschedule(self, wctx: WriteContext, offset: int, checks: int | None) -> None:
+        state = wctx.get_half(offset)
+        if state is None or not state.pending:
+            return  # decided meanwhile: its index entry is already gone
+        wctx.remove_due(state.due, offset)
+        if checks is not None:
+            state.checks = checks
+            state.last_check_ts = wctx.now_ms
+            state.waiting = False
+        else:
+            state.waiting = True
+        state.due = wctx.now_ms + self.interval_ms
+        wctx.put_half(offset, state)
+        wctx.add_due(state.due, offset)
+
+
+@dataclass(slots=True)
+class MakeDue(Op):
+    """Pending halves of a group whose producer (re)registered: due now. Value: the earliest due time or None."""
+
+    offsets: list[int]
+
+    def apply(self, wctx: WriteContext) -> int | None:
+        earliest = None
+        for offset in self.offsets:
+            state = wctx.get_half(offset)
+            if state is None or not state.pending:
+                continue
+            wctx.remove_due(state.due, offset)
+            state.due, state.waiting = wctx.now_ms, False
+            wctx.put_half(offset, state)
+            wctx.add_due(state.due, offset)
+            earliest = state.due
+        return earliest
+
+
+@dataclass(slots=True)
+class DiscardHalf(Op):
+    """A half that used up its checks moves to ``topic`` (TRANS_CHECK_MAX_TIME_TOPIC), where it stays readable.
+    Value: the new state, or None when it was decided (or resumed) meanwhile."""
+
+    half_offset: int
+    max_checks: int
+    topic: str
+    store_host: str
+
+    def apply(self, wctx: WriteContext) -> HalfState | None:
+        offset = self.half_offset
+        state = wctx.get_half(offset)
+        if state is None or not state.pending or state.checks < self.max_checks:
+            return None
+        rec = decode_record(_half_record(wctx, offset))
+        rec.topic, rec.queue_id, rec.store_host = self.topic, 0, self.store_host
+        rec.properties[P.TRANSACTION_CHECK_TIMES] = str(state.checks)
+        result = wctx.put_message(message_request(rec))
+        wctx.remove_due(state.due, offset)
+        state.status, state.decided_ts, state.decided_by = HalfStatus.DISCARDED, wctx.now_ms, "discard"
+        state.discarded_offset = result.physical_offset
+        wctx.put_half(offset, state)
+        return state
+
+
+@dataclass(slots=True)
+class ResumeHalf(Op):
+    """RESUME_CHECK_HALF_MESSAGE: a discarded (or pending) half gets a fresh set of checks, due now.
+    Value: (state before, state after)."""
+
+    half_offset: int
+
+    def apply(self, wctx: WriteContext) -> tuple[HalfStatus, HalfState]:
+        offset = self.half_offset
+        state = wctx.get_half(offset)
+        if state is None:
+            raise HalfNotFoundError(f"no half message at offset {offset}")
+        before = state.status
+        if before not in (HalfStatus.PREPARED, HalfStatus.DISCARDED):
+            raise HalfConflictError(f"the transaction is already {before.value}")
+        if before is HalfStatus.PREPARED:
+            wctx.remove_due(state.due, offset)
+        state.status, state.checks, state.due, state.waiting = HalfStatus.PREPARED, 0, wctx.now_ms, False
+        state.decided_ts = state.decided_by = None
+        wctx.put_half(offset, state)
+        wctx.add_due(state.due, offset)
+        return before, state

@@ -1,0 +1,36 @@
+"""Entry point of the store's writer process (writer.py): ``python -m halfmq.store.writer_process PATH MAP_SIZE
+SYNC_EACH FLUSH_INTERVAL_MS FD``, FD being its end of the socket to the broker."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+
+from halfmq.store.writer import serve
+
+
+def _die_with_parent() -> None:
+    """The writer must not outlive its broker: an orphan would keep writing behind a new broker's back."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the broker's EOF still stops it
+
+
+def main(argv: list[str]) -> int:
+    path, map_size, sync_each, interval_ms, fd = argv
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the broker decides
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s halfmq writer: %(message)s")
+    sock = socket.socket(fileno=int(fd))
+    if os.getppid() == 1:
+        return 1
+    return serve(path, int(map_size), sync_each == "1", int(interval_ms) / 1000, sock)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
