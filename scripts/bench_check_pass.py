@@ -1,6 +1,6 @@
 """Cost of one check-back scheduler pass with a long transaction history.
 
-Fills a store with N decided transactions (half record + COMMITTED state, as END_TRANSACTION leaves them) and
+Fills a store with N decided transactions (half record + ROLLED_BACK state, as END_TRANSACTION leaves them) and
 P pending halves that are all due, starts a real broker on it with a real producer connection registered for
 the group, and times one pass of the scheduler (reads the due halves, writes P checks to the producer's socket,
 persists the new check counts).
@@ -22,8 +22,9 @@ from halfmq.broker.cli import new_event_loop  # noqa: E402
 from halfmq.broker.config import build_config  # noqa: E402
 from halfmq.broker.server import Broker  # noqa: E402
 from halfmq.protocol import properties as P  # noqa: E402
-from halfmq.protocol.message import MessageRecord, encode_record  # noqa: E402
-from halfmq.store import MessageStore, PutRequest, StoreConfig  # noqa: E402
+from halfmq.protocol.message import MessageRecord  # noqa: E402
+from halfmq.store import HalfState, HalfStatus, MessageStore, PutRequest, StoreConfig, message_request  # noqa: E402
+from halfmq.store.txops import DecideHalf, PrepareHalf  # noqa: E402
 
 GROUP = "PG_BENCH"
 BATCH = 5000
@@ -33,32 +34,24 @@ def half_request(i: int) -> PutRequest:
     rec = MessageRecord(topic="RMQ_SYS_TRANS_HALF_TOPIC", body=b"x" * 100, born_host="127.0.0.1:1",
                         properties={P.TRAN_MSG: "true", P.PGROUP: GROUP, P.UNIQ_KEY: f"{i:032X}",
                                     P.REAL_TOPIC: "BenchTx", P.REAL_QID: "0"})
-    return PutRequest("RMQ_SYS_TRANS_HALF_TOPIC", 0, encode_record(rec))
+    return message_request(rec)
 
 
 async def fill(root: str, decided: int, pending: int) -> None:
+    """Halves through the store's own transaction ops: the first ``decided`` are rolled back, the rest due now."""
     store = MessageStore(StoreConfig(root=root, map_size=16 << 30, flush_disk_type="ASYNC_FLUSH"))
     await store.open()
     started = time.perf_counter()
     total = decided + pending
     for start in range(0, total, BATCH):
-        count = min(BATCH, total - start)
-
-        def write(wctx, start=start, count=count):
-            for i in range(start, start + count):
-                result = wctx.put_message(half_request(i))
-                state = {"state": "COMMITTED" if i < decided else "PREPARED", "group": GROUP, "topic": "BenchTx",
-                         "queue_id": 0, "uniq": f"{i:032X}", "queue_offset": result.queue_offset,
-                         "store_ts": result.store_timestamp, "checks": 0, "due": 0, "client_id": None,
-                         "size": result.size}
-                if i >= decided:
-                    state["due"] = result.store_timestamp
-                    wctx.add_due(state["due"], result.physical_offset)
-                else:
-                    state["decided_ts"] = result.store_timestamp
-                wctx.put_half(result.physical_offset, state)
-
-        await store.write(write)
+        prepared = [store.submit(PrepareHalf(half_request(i), HalfState(HalfStatus.PREPARED, GROUP, "BenchTx", 0,
+                                                                        f"{i:032X}", 0, 0, 0), 0))
+                    for i in range(start, min(start + BATCH, total))]
+        results = [await c for c in prepared]
+        decisions = [store.submit(DecideHalf(result.physical_offset, GROUP, result.queue_offset, False, False))
+                     for i, (result, _state) in enumerate(results, start) if i < decided]
+        for completion in decisions:
+            await completion
     await store.close()
     print(f"filled {decided} decided + {pending} pending in {time.perf_counter() - started:.1f} s")
 

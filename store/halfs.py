@@ -5,7 +5,7 @@ reads as it is). Only the transaction ops (txops.py) change it, inside the write
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from enum import Enum
 
 import msgpack
@@ -45,9 +45,13 @@ class HalfState:
         return self.status is HalfStatus.PREPARED
 
     def to_bytes(self) -> bytes:
-        row = asdict(self)
-        row["state"] = row.pop("status").value
-        return msgpack.packb({k: v for k, v in row.items() if v is not None and v is not False})
+        # Field by field: dataclasses.asdict deep-copies and costs 20 us, and a check pass writes a row per half.
+        row = {"state": self.status.value}
+        for name in _STORED:
+            value = getattr(self, name)
+            if value is not None and value is not False:
+                row[name] = value
+        return msgpack.packb(row)
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> "HalfState":
@@ -58,3 +62,4 @@ class HalfState:
 
 
 _FIELDS = frozenset(HalfState.__dataclass_fields__)
+_STORED = tuple(name for name in HalfState.__dataclass_fields__ if name != "status")

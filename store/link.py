@@ -112,7 +112,7 @@ class WriterLink:
         self.next_gid += 1
         self.waiting.append(group)
         payload = pickle.dumps(("group", group.gid, ops), protocol=pickle.HIGHEST_PROTOCOL)
-        self.transport.write(FRAME.pack(len(payload)) + payload)
+        self.transport.writelines((FRAME.pack(len(payload)), payload))  # no copy of the payload to prefix it
 
     # --- from the writer ---
     def on_message(self, message) -> None:

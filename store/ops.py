@@ -30,6 +30,9 @@ class PutMessage(Op):
     def apply(self, wctx: WriteContext) -> PutResult:
         return wctx.put_message(self.request)
 
+    def __reduce__(self):  # the hot path: one per send
+        return PutMessage, (self.request,)
+
 
 @dataclass(slots=True)
 class PutMessages(Op):

@@ -7,9 +7,9 @@ Power-loss ordering. LMDB runs with MDB_NOMETASYNC: a commit writes its data pag
 writes its meta page (unsynced). A meta page can therefore never reach the disk before the pages it points to,
 which MDB_NOSYNC plus an outside fdatasync does not guarantee (a later, unsynced commit's meta page could be
 written back first and point at pages that never arrived: a corrupted store after a power cut). A commit's own
-meta page becomes durable with the next commit's data sync, or with an explicit sync when nothing more is queued.
-So with SYNC_FLUSH a group is acknowledged once a sync that started after its commit has completed: under load
-that is the next group's commit (one fdatasync per group, as before), when idle an explicit ``env.sync``. With
+meta page becomes durable with the next commit's data sync, or with a sync by the writer's syncer thread, which
+runs while the writer commits the next group (the two overlap). So with SYNC_FLUSH a group is acknowledged once a
+sync that started after its commit has completed, one fdatasync per group under load, as before. With
 ASYNC_FLUSH groups are acknowledged at commit and the meta page is synced every flush interval: a power cut may
 lose the last interval, never the store.
 
@@ -29,10 +29,9 @@ import logging
 import os
 import pickle
 import select
-import signal
 import socket
 import struct
-import sys
+import threading
 import time
 
 import lmdb
@@ -167,10 +166,13 @@ class _Link:
     def __init__(self, sock: socket.socket):
         self.sock = sock
         self.buffer = bytearray()
+        self.lock = threading.Lock()
 
     def send(self, message) -> None:
         payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        self.sock.sendall(FRAME.pack(len(payload)) + payload)
+        with self.lock:  # the writer and its meta syncer both answer
+            self.sock.sendall(FRAME.pack(len(payload)))
+            self.sock.sendall(payload)
 
     def receive(self, timeout: float | None) -> list | None:
         """The messages that arrived within ``timeout`` seconds (None: wait for one); None at EOF."""
@@ -201,6 +203,49 @@ class _Link:
         return messages
 
 
+class _MetaSyncer(threading.Thread):
+    """Syncs the data file (and so the newest commits' meta pages) while the writer goes on with the next group:
+    the sync of one group overlaps the commit of the next, as the broker's syncs overlapped its commits before.
+    Each sync answers every group committed before it started."""
+
+    def __init__(self, env: lmdb.Environment, link: "_Link"):
+        super().__init__(name="halfmq-meta-sync", daemon=True)
+        self.env = env
+        self.link = link
+        self.cond = threading.Condition()
+        self.wanted = 0   # newest committed group to make durable
+        self.synced = 0
+        self.stopped = False
+
+    def request(self, gid: int) -> None:
+        with self.cond:
+            if gid > self.wanted:
+                self.wanted = gid
+                self.cond.notify()
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopped = True
+            self.cond.notify()
+        self.join()
+
+    def run(self) -> None:
+        while True:
+            with self.cond:
+                while self.wanted <= self.synced and not self.stopped:
+                    self.cond.wait()
+                if self.stopped:
+                    return
+                target = self.wanted
+            try:
+                self.env.sync(True)
+            except lmdb.Error as exc:  # not durable: the broker fails what waits and restarts the writer
+                log.error("sync failed: %s", exc)
+                os._exit(2)
+            self.synced = target
+            self.link.send(("durable", target))
+
+
 def serve(path: str, map_size: int, sync_each: bool, flush_interval_s: float, sock: socket.socket) -> int:
     link = _Link(sock)
     try:
@@ -212,39 +257,34 @@ def serve(path: str, map_size: int, sync_each: bool, flush_interval_s: float, so
     except (lmdb.Error, struct.error, UnicodeDecodeError, KeyError) as exc:
         link.send(("failed", f"{type(exc).__name__}: {exc}"))
         return 1
+    syncer = _MetaSyncer(env, link)
+    syncer.start()
     link.send(("ready", counters.queue_max, counters.topic_ids, writer.max_key))
     last_gid = durable = 0
-    last_sync = time.monotonic()
     while True:
-        unsynced = last_gid > durable
-        if not unsynced:
-            timeout = None
-        elif sync_each:
-            timeout = 0.0
-        else:
-            timeout = max(0.0, last_sync + flush_interval_s - time.monotonic())
-        messages = link.receive(timeout)
+        # ASYNC_FLUSH: groups are answered at commit; the meta page is synced once per flush interval.
+        messages = link.receive(None if sync_each or last_gid <= syncer.wanted else flush_interval_s)
         if messages is None:
             return 0  # the broker is gone: stop at once (what was acknowledged is durable already)
         if not messages:
-            env.sync(True)  # the last commit's meta page
-            durable, last_sync = last_gid, time.monotonic()
-            link.send(("durable", durable))
+            syncer.request(last_gid)
             continue
         groups = [m for m in messages if m[0] == "group"]
         for chunk in _chunks(groups):
             ops = [op for _kind, _gid, group_ops in chunk for op in group_ops]
             outcomes, grown, new_topics, synced = writer.commit(ops)
             if synced:
-                # This commit's data sync flushed every earlier commit's meta page too.
-                durable, last_sync = last_gid, time.monotonic()
+                durable = last_gid  # this commit's data sync flushed every earlier commit's meta page too
             answers, start = [], 0
             for _kind, gid, group_ops in chunk:
                 answers.append((gid, outcomes[start:start + len(group_ops)]))
                 start += len(group_ops)
             last_gid = chunk[-1][1]
             link.send(("committed", answers, grown, new_topics, durable))
+            if sync_each:
+                syncer.request(last_gid)
         if any(m[0] == "close" for m in messages):
+            syncer.stop()
             env.sync(True)
             link.send(("durable", last_gid))
             env.close()
