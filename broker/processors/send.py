@@ -20,6 +20,7 @@ from halfmq.store.ops import PutMessage, PutMessages
 from ..context import BrokerContext
 from ..dispatch import Deferred
 from ..errors import BrokerError
+from ..names import check_group, check_message
 from ..topics import DLQ_PREFIX, RETRY_PREFIX, SCHEDULE_TOPIC, SEND_FORBIDDEN, validate_topic_name
 
 DEFAULT_MAX_RECONSUME_TIMES = 16
@@ -80,12 +81,14 @@ class SendProcessor:
         config = self.ctx.topics.get(header.topic)
         if config is None or header.topic.startswith(RETRY_PREFIX):
             return self._send_one_slow(channel, cmd, header)
-        return self._store_one(channel, cmd, header, header.topic, self._queue_for(config, header.queueId),
-                               decode_properties(header.properties or ""))
+        props = decode_properties(header.properties or "")
+        check_message(header.topic, props, header.producerGroup)
+        return self._store_one(channel, cmd, header, header.topic, self._queue_for(config, header.queueId), props)
 
     async def _send_one_slow(self, channel, cmd: RemotingCommand, header) -> RemotingCommand:
         topic = header.topic
         props = decode_properties(header.properties or "")
+        check_message(topic, props, header.producerGroup)
         if topic.startswith(RETRY_PREFIX):
             max_times = header.maxReconsumeTimes
             if max_times is None or max_times < 0 or cmd.version < 121:
@@ -168,6 +171,7 @@ class SendProcessor:
                 raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
                                   f"a batch message body of {len(item.body)} bytes exceeds maxMessageSize")
             props = decode_properties(item.properties)
+            check_message(topic, props)
             if props.get(P.TRAN_MSG) == "true" or _delay_level(props) > 0:
                 raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
                                   "transactional or delayed messages cannot be sent in a batch")
@@ -189,6 +193,7 @@ class SendProcessor:
     # --- CONSUMER_SEND_MSG_BACK ---
     async def send_back(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         header = ConsumerSendMsgBackRequestHeader.from_ext(cmd.ext_fields)
+        check_group(header.group, "group")  # it names the retry and DLQ topics the copy goes to
         ctx = self.ctx
         raw = ctx.store.read_record(header.offset) if header.offset >= 0 else None
         if raw is None:
