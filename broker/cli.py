@@ -8,6 +8,8 @@ import logging
 import signal
 import sys
 
+from halfmq.store import CorruptStoreError, StoreLockedError
+
 from .acl import AclConfigError
 from .config import ConfigError, load_config
 from .server import Broker
@@ -56,6 +58,9 @@ def broker_main(argv: list[str]) -> int:
     except (ConfigError, AclConfigError) as exc:
         print(f"halfmq: configuration error: {exc}", file=sys.stderr)
         return 2
+    except (StoreLockedError, CorruptStoreError) as exc:
+        print(f"halfmq: cannot start: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:
         log.error("cannot start the broker: %s", exc)
         return 1
