@@ -103,9 +103,10 @@ class WriterLink:
             raise
 
     def send(self, ops: list, completions: list) -> None:
-        if len(self.waiting) >= MAX_WAITING_GROUPS:
-            error = StoreUnavailableError("the store's disk is not keeping up with the writes (nothing of this "
-                                          "write is acknowledged)")
+        if self.transport is None or len(self.waiting) >= MAX_WAITING_GROUPS:
+            reason = ("the store's writer process is restarting" if self.transport is None
+                      else "the store's disk is not keeping up with the writes")
+            error = StoreUnavailableError(f"{reason} (nothing of this write was stored)")
             self.publish([(c, (False, error)) for c in completions], {})
             return
         group = _Group(self.next_gid, ops, completions)
