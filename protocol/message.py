@@ -199,6 +199,17 @@ def decode_record(buf, pos: int = 0) -> MessageRecord:
                          properties=props, body_crc=crc, store_size=size)
 
 
+def _body_length_pos(buf) -> int:
+    """Where the body length of an encoded record is (after the hosts, which are 8 or 20 bytes each).
+
+    Raises:
+        struct.error: the record is too short to say.
+    """
+    (sys_flag,) = _I32.unpack_from(buf, SYSFLAG_POS)
+    return (BORN_HOST_POS + (20 if sys_flag & SysFlag.BORNHOST_V6 else 8) + 8
+            + (20 if sys_flag & SysFlag.STOREHOST_V6 else 8) + 12)
+
+
 def rewrite_record(buf: bytes, topic: str, queue_id: int, properties_text: str) -> bytearray:
     """A copy of the record ``buf`` with another topic, queue id and property string, everything else kept.
 
@@ -208,9 +219,7 @@ def rewrite_record(buf: bytes, topic: str, queue_id: int, properties_text: str) 
         MessageFormatError: ``buf`` is not a well-formed record.
     """
     try:
-        (sys_flag,) = _I32.unpack_from(buf, SYSFLAG_POS)
-        p = BORN_HOST_POS + (20 if sys_flag & SysFlag.BORNHOST_V6 else 8) + 8
-        p += (20 if sys_flag & SysFlag.STOREHOST_V6 else 8) + 12
+        p = _body_length_pos(buf)
         (body_len,) = _I32.unpack_from(buf, p)
         body_end = p + 4 + body_len
         if body_len < 0 or body_end > len(buf):
@@ -235,10 +244,8 @@ def rewrite_record(buf: bytes, topic: str, queue_id: int, properties_text: str) 
 def body_crc_matches(buf) -> bool:
     """Whether the record's stored body CRC matches its body (False too for a record too short to hold one)."""
     try:
-        (sys_flag,) = _I32.unpack_from(buf, SYSFLAG_POS)
         (crc,) = _I32.unpack_from(buf, 8)
-        p = BORN_HOST_POS + (20 if sys_flag & SysFlag.BORNHOST_V6 else 8) + 8
-        p += (20 if sys_flag & SysFlag.STOREHOST_V6 else 8) + 12
+        p = _body_length_pos(buf)
         (body_len,) = _I32.unpack_from(buf, p)
     except struct.error:
         return False
@@ -252,18 +259,14 @@ def mark_committed(buf: bytearray, prepared_offset: int) -> None:
     """In place: transaction type := COMMIT and preparedTransactionOffset := ``prepared_offset``."""
     (sys_flag,) = _I32.unpack_from(buf, SYSFLAG_POS)
     _I32.pack_into(buf, SYSFLAG_POS, (sys_flag & ~SysFlag.TRANSACTION_MASK) | SysFlag.TRANSACTION_COMMIT_TYPE)
-    p = BORN_HOST_POS + (20 if sys_flag & SysFlag.BORNHOST_V6 else 8) + 8
-    p += (20 if sys_flag & SysFlag.STOREHOST_V6 else 8) + 4
-    _I64.pack_into(buf, p, prepared_offset)
+    _I64.pack_into(buf, _body_length_pos(buf) - 8, prepared_offset)
 
 
 def record_properties_text(buf) -> str:
     """The raw property string of an encoded record (no other field is decoded)."""
     try:
-        (sys_flag,) = _I32.unpack_from(buf, SYSFLAG_POS)
         (magic,) = _HEAD_MAGIC.unpack_from(buf, 4)
-        p = BORN_HOST_POS + (20 if sys_flag & SysFlag.BORNHOST_V6 else 8) + 8
-        p += (20 if sys_flag & SysFlag.STOREHOST_V6 else 8) + 12
+        p = _body_length_pos(buf)
         (body_len,) = _I32.unpack_from(buf, p)
         p += 4 + body_len
         if magic == MAGIC_V2:

@@ -19,7 +19,7 @@ import time
 from typing import Callable
 
 from .errors import CorruptStoreError, StoreUnavailableError
-from .writer import FRAME
+from .writer import FRAME, take_messages
 
 log = logging.getLogger(__name__)
 MAX_WAITING_GROUPS = 100_000  #: groups sent but not durable before new ones are refused (the disk is behind)
@@ -43,18 +43,8 @@ class _Protocol(asyncio.Protocol):
         self.buffer = bytearray()
 
     def data_received(self, data: bytes) -> None:
-        buf = self.buffer
-        buf += data
-        pos = 0
-        messages = []
-        while len(buf) - pos >= 4:
-            (size,) = FRAME.unpack_from(buf, pos)
-            if len(buf) - pos - 4 < size:
-                break
-            messages.append(pickle.loads(memoryview(buf)[pos + 4:pos + 4 + size]))
-            pos += 4 + size
-        del buf[:pos]
-        for message in messages:
+        self.buffer += data
+        for message in take_messages(self.buffer):
             self.link.on_message(message)
 
     def connection_lost(self, exc) -> None:

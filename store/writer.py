@@ -160,6 +160,19 @@ def _portable(exc: BaseException) -> StoreError:
     return StoreError(f"the write failed: {type(exc).__name__}: {exc}")
 
 
+def take_messages(buffer: bytearray) -> list:
+    """The whole frames at the start of ``buffer``, unpickled and removed from it."""
+    messages, pos, end = [], 0, len(buffer)
+    while end - pos >= 4:
+        (size,) = FRAME.unpack_from(buffer, pos)
+        if end - pos - 4 < size:
+            break
+        messages.append(pickle.loads(memoryview(buffer)[pos + 4:pos + 4 + size]))
+        pos += 4 + size
+    del buffer[:pos]
+    return messages
+
+
 class _Link:
     """The writer's end of the socket: length-prefixed pickles both ways."""
 
@@ -176,7 +189,7 @@ class _Link:
 
     def receive(self, timeout: float | None) -> list | None:
         """The messages that arrived within ``timeout`` seconds (None: wait for one); None at EOF."""
-        messages = self._parse()
+        messages = take_messages(self.buffer)
         if messages:
             return messages
         while True:
@@ -187,20 +200,10 @@ class _Link:
             if not chunk:
                 return None
             self.buffer += chunk
-            messages = self._parse()
+            messages = take_messages(self.buffer)
             if messages or timeout is not None:
                 return messages
 
-    def _parse(self) -> list:
-        messages, buf, pos = [], self.buffer, 0
-        while len(buf) - pos >= 4:
-            (size,) = FRAME.unpack_from(buf, pos)
-            if len(buf) - pos - 4 < size:
-                break
-            messages.append(pickle.loads(memoryview(buf)[pos + 4:pos + 4 + size]))
-            pos += 4 + size
-        del buf[:pos]
-        return messages
 
 
 class _MetaSyncer(threading.Thread):
