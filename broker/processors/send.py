@@ -159,30 +159,32 @@ class SendProcessor:
         items = decode_batch(cmd.body)
         if not items:
             raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "the batch is empty")
-        queue_id = await self._resolve_queue(header, topic)
         outer = decode_properties(header.properties or "")
         outer.pop(P.WAIT, None)
         outer.pop(P.UNIQ_KEY, None)
         outer[P.CLUSTER] = self.cluster
-        host = born_host(channel)
-        requests = []
+        # Every message is checked whole (with the batch-level properties it inherits) before the topic is
+        # resolved, so a refused batch creates nothing.
+        item_props = []
         for item in items:
             if len(item.body) > self.max_body:
                 raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
                                   f"a batch message body of {len(item.body)} bytes exceeds maxMessageSize")
             props = decode_properties(item.properties)
-            check_message(topic, props)
             if props.get(P.TRAN_MSG) == "true" or _delay_level(props) > 0:
                 raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
                                   "transactional or delayed messages cannot be sent in a batch")
             props.pop(P.WAIT, None)
             for key, value in outer.items():  # batch-level properties never override a message's own
                 props.setdefault(key, value)
-            rec = MessageRecord(topic=topic, body=item.body, queue_id=queue_id, flag=item.flag,
-                                sys_flag=header.sysFlag & ~SysFlag.TRANSACTION_MASK,
-                                born_timestamp=header.bornTimestamp, born_host=host, store_host=ctx.store_host,
-                                properties=props)
-            requests.append(message_request(rec))
+            check_message(topic, props)
+            item_props.append(props)
+        queue_id = await self._resolve_queue(header, topic)
+        host = born_host(channel)
+        requests = [message_request(MessageRecord(
+            topic=topic, body=item.body, queue_id=queue_id, flag=item.flag,
+            sys_flag=header.sysFlag & ~SysFlag.TRANSACTION_MASK, born_timestamp=header.bornTimestamp, born_host=host,
+            store_host=ctx.store_host, properties=props)) for item, props in zip(items, item_props)]
         results = await ctx.store.submit(PutMessages(requests))
         if ctx.metrics is not None:
             ctx.metrics.message_in(topic, sum(len(i.body) for i in items), len(items))

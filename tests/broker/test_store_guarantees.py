@@ -100,3 +100,44 @@ async def test_a_delayed_message_is_found_by_its_keys_once_delivered(broker_fact
                                                              "beginTimestamp": 0, "endTimestamp": 2 ** 62})
     assert found.code == ResponseCode.SUCCESS and b"delayed" in found.body
     client.close()
+
+
+async def test_shutdown_stores_nothing_it_does_not_answer(broker_factory, tmp_path):
+    """Requests keep arriving while the broker stops: every stored message had its SUCCESS answer written."""
+    broker = await broker_factory(shutdownGraceSeconds=10)
+    client = await RawClient.connect(broker.addr)
+    assert (await client.send("Stop", b"first")).code == ResponseCode.SUCCESS
+    answered = asyncio.Event()
+    successes = 1
+
+    async def send(i: int) -> None:
+        nonlocal successes
+        if client.closed.is_set():
+            return
+        try:
+            response = await client.send("Stop", b"m%d" % i, timeout=15)
+        except (ConnectionError, asyncio.TimeoutError):
+            return
+        if response.code == ResponseCode.SUCCESS:
+            successes += 1
+            if successes > 200:
+                answered.set()
+
+    async def keep_sending() -> None:
+        for i in range(20_000):
+            if client.closed.is_set():  # the broker closed the connection: what was not answered is not stored
+                return
+            sends.add(asyncio.ensure_future(send(i)))
+            if i % 64 == 63:
+                await asyncio.sleep(0)  # let the answers in: a producer with a window of sends in flight
+
+    sends: set = set()
+    sender = asyncio.ensure_future(keep_sending())
+    await asyncio.wait_for(answered.wait(), 30)
+    await broker.stop()
+    await sender
+    await asyncio.wait(sends, timeout=20)
+    assert all(s.done() for s in sends)
+    client.close()
+    broker = await broker_factory()
+    assert broker.store.max_offset("Stop", 0) == successes
