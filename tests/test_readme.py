@@ -29,4 +29,4 @@ async def test_database_transaction_example_runs(broker, tmp_path):
     assert b"committed order and message" in out
     assert sqlite3.connect(tmp_path / "shop.db").execute("SELECT item FROM orders").fetchall() == [("book",)]
     await asyncio.wait_for(published.wait(), 10)  # END_TRANSACTION is oneway: wait for the commit to land
-    assert [s["state"] for _o, s in broker.store.iter_halves()] == ["COMMITTED"]
+    assert [s.status.value for _o, s in broker.store.iter_halves()] == ["COMMITTED"]
