@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh test,pipeline
+bash scripts/install_fuse.sh  # the power-loss tests mount a FUSE filesystem
 exec .venv/bin/python -m pytest -q "$@"
