@@ -54,9 +54,10 @@ class WriteContext:
 
     def check_message(self, req: PutRequest) -> None:
         """Raises InvalidWriteError when ``req`` cannot be stored whole."""
-        topic = req.topic.encode()
-        self.check_key(topic, f"the topic name {req.topic[:40]!r}")
+        if req.topic not in self.counters.topic_ids:  # a known topic was checked when it got its id
+            self.check_key(req.topic.encode(), f"the topic name {req.topic[:40]!r}")
         if req.keys:
+            topic = req.topic.encode()
             for key in req.keys.split():
                 self.check_key(_key_index_key(topic, key, 0), f"the KEYS entry {key[:40]!r}")
 

@@ -1,8 +1,8 @@
 """The broker's side of the writer process (writer.py): groups out, outcomes and durability back.
 
-Groups are numbered in the order they are sent; the writer applies them in that order and reports each group's
-outcomes at commit and, with a group number, how far everything is durable. ``publish(items, grown)`` is called
-on the event loop, in group order, once groups are durable (SYNC_FLUSH) or committed (ASYNC_FLUSH). If the
+Groups are numbered in the order they are sent; the writer applies them in that order and sends their outcomes,
+in order, once they are durable (SYNC_FLUSH) or committed (ASYNC_FLUSH); ``publish(items, grown)`` is then called
+on the event loop. If the
 writer dies, every group not yet published fails with StoreUnavailableError (none is known to be durable) and a
 new writer is started.
 """
@@ -56,10 +56,9 @@ class WriterLink:
                  publish: Callable[[list, dict], None], on_ready: Callable[[dict, dict], None],
                  inherit_fds: tuple[int, ...] = ()):
         self.inherit_fds = inherit_fds  # the store's owner lock: held as long as the writer lives
-        self.last_commit_seconds = 0.0  # from a group's hand-off to its commit
+        self.last_commit_seconds = 0.0  # the writer's last commit (its data sync included)
         self.last_sync_seconds = 0.0    # from a group's hand-off to its publication (durable)
         self.args = [path, str(map_size), "1" if sync_each else "0", str(flush_interval_ms)]
-        self.sync_each = sync_each
         self.publish = publish        # publish([(completion, outcome)], grown) in group order
         self.on_ready = on_ready      # on_ready(queue_max, topic_ids) when a writer (re)started
         self.new_topics: Callable[[dict], None] = lambda topics: None
@@ -108,19 +107,18 @@ class WriterLink:
     # --- from the writer ---
     def on_message(self, message) -> None:
         kind = message[0]
-        if kind == "committed":
-            _kind, answers, grown, new_topics, durable = message
-            if new_topics:
-                self.new_topics(new_topics)
+        if kind == "done":  # groups now durable (SYNC_FLUSH) or committed (ASYNC_FLUSH), in order
             by_gid = {group.gid: group for group in self.waiting}
-            for gid, outcomes in answers:
-                by_gid[gid].outcomes = outcomes
-            last = by_gid[answers[-1][0]]
-            last.grown = grown
-            self.last_commit_seconds = time.perf_counter() - last.sent
-            self._publish_upto(answers[-1][0] if not self.sync_each else durable)
-        elif kind == "durable":
-            self._publish_upto(message[1])
+            last = None
+            for _last_gid, answers, grown, new_topics, commit_seconds in message[1]:
+                if new_topics:
+                    self.new_topics(new_topics)
+                for gid, outcomes in answers:
+                    by_gid[gid].outcomes = outcomes
+                last = by_gid[answers[-1][0]]
+                last.grown = grown
+                self.last_commit_seconds = commit_seconds
+            self._publish_upto(last.gid)
         elif kind == "failed":
             if self._ready is not None and not self._ready.done():
                 self._ready.set_exception(CorruptStoreError(f"the store at {self.args[0]} cannot be opened: "

@@ -7,8 +7,8 @@ Power-loss ordering. LMDB runs with MDB_NOMETASYNC: a commit writes its data pag
 writes its meta page (unsynced). A meta page can therefore never reach the disk before the pages it points to,
 which MDB_NOSYNC plus an outside fdatasync does not guarantee (a later, unsynced commit's meta page could be
 written back first and point at pages that never arrived: a corrupted store after a power cut). A commit's own
-meta page becomes durable with the next commit's data sync, or with a sync by the writer's syncer thread, which
-runs while the writer commits the next group (the two overlap). So with SYNC_FLUSH a group is acknowledged once a
+meta page becomes durable with the next commit's data sync when more is queued, or else with a sync by the
+writer's syncer thread, which runs while the writer waits for the next group (and goes on while it commits it). So with SYNC_FLUSH a group is acknowledged once a
 sync that started after its commit has completed, one fdatasync per group under load, as before. With
 ASYNC_FLUSH groups are acknowledged at commit and the meta page is synced every flush interval: a power cut may
 lose the last interval, never the store.
@@ -25,12 +25,14 @@ The process is started by link.py (writer_process.py is its entry point).
 """
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import pickle
 import select
 import socket
 import struct
+import sys
 import threading
 import time
 
@@ -179,13 +181,24 @@ class _Link:
     def __init__(self, sock: socket.socket):
         self.sock = sock
         self.buffer = bytearray()
+        self.scratch = bytearray(1 << 20)
+        self.scratch_view = memoryview(self.scratch)
         self.lock = threading.Lock()
 
     def send(self, message) -> None:
         payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         with self.lock:  # the writer and its meta syncer both answer
-            self.sock.sendall(FRAME.pack(len(payload)))
-            self.sock.sendall(payload)
+            parts = [FRAME.pack(len(payload)), payload]
+            while parts:  # one sendmsg in the usual case
+                sent = self.sock.sendmsg(parts)
+                while parts and sent >= len(parts[0]):
+                    sent -= len(parts.pop(0))
+                if parts and sent:
+                    parts[0] = parts[0][sent:]
+
+    def readable(self) -> bool:
+        """Whether more input is waiting (buffered, or on the socket)."""
+        return len(self.buffer) >= 4 or bool(select.select([self.sock], [], [], 0)[0])
 
     def receive(self, timeout: float | None) -> list | None:
         """The messages that arrived within ``timeout`` seconds (None: wait for one); None at EOF."""
@@ -196,25 +209,50 @@ class _Link:
             ready, _, _ = select.select([self.sock], [], [], timeout)
             if not ready:
                 return []
-            chunk = self.sock.recv(1 << 20)
-            if not chunk:
+            # Into a reused buffer: recv(1 MiB) would map and unmap a fresh megabyte every call.
+            size = self.sock.recv_into(self.scratch)
+            if not size:
                 return None
-            self.buffer += chunk
+            self.buffer += self.scratch_view[:size]
             messages = take_messages(self.buffer)
             if messages or timeout is not None:
                 return messages
 
 
 
-class _MetaSyncer(threading.Thread):
-    """Syncs the data file (and so the newest commits' meta pages) while the writer goes on with the next group:
-    the sync of one group overlaps the commit of the next, as the broker's syncs overlapped its commits before.
-    Each sync answers every group committed before it started."""
+class _Answers:
+    """Outcomes of committed groups, held until they are durable and then sent in one message.
 
-    def __init__(self, env: lmdb.Environment, link: "_Link"):
+    Both the writer (its commits' data syncs) and the meta syncer release them; releasing and sending happen under
+    one lock, so the broker receives them in group order."""
+
+    def __init__(self, link: "_Link"):
+        self.link = link
+        self.lock = threading.Lock()
+        #: (last gid of a commit, [(gid, outcomes)], queue bounds grown, new topic ids, commit seconds)
+        self.held: collections.deque = collections.deque()
+
+    def add(self, last_gid: int, answers: list, grown: dict, new_topics: dict, commit_seconds: float) -> None:
+        with self.lock:
+            self.held.append((last_gid, answers, grown, new_topics, commit_seconds))
+
+    def release(self, upto: int) -> None:
+        with self.lock:
+            done = []
+            while self.held and self.held[0][0] <= upto:
+                done.append(self.held.popleft())
+            if done:
+                self.link.send(("done", done))
+
+
+class _MetaSyncer(threading.Thread):
+    """Syncs the data file (and so the newest commit's meta page) while the writer waits for, and then commits, the
+    next group. Each sync makes every group committed before it started durable."""
+
+    def __init__(self, env: lmdb.Environment, answers: _Answers):
         super().__init__(name="halfmq-meta-sync", daemon=True)
         self.env = env
-        self.link = link
+        self.answers = answers
         self.cond = threading.Condition()
         self.wanted = 0   # newest committed group to make durable
         self.synced = 0
@@ -246,7 +284,7 @@ class _MetaSyncer(threading.Thread):
                 log.error("sync failed: %s", exc)
                 os._exit(2)
             self.synced = target
-            self.link.send(("durable", target))
+            self.answers.release(target)
 
 
 def serve(path: str, map_size: int, sync_each: bool, flush_interval_s: float, sock: socket.socket) -> int:
@@ -260,10 +298,14 @@ def serve(path: str, map_size: int, sync_each: bool, flush_interval_s: float, so
     except (lmdb.Error, struct.error, UnicodeDecodeError, KeyError) as exc:
         link.send(("failed", f"{type(exc).__name__}: {exc}"))
         return 1
-    syncer = _MetaSyncer(env, link)
+    # The syncer needs the GIL back the moment its fdatasync returns, to answer: a short switch interval keeps the
+    # main thread's Python work (unpickling, applying ops) from holding that answer back by up to 5 ms.
+    sys.setswitchinterval(0.0002)
+    answers = _Answers(link)
+    syncer = _MetaSyncer(env, answers)
     syncer.start()
     link.send(("ready", counters.queue_max, counters.topic_ids, writer.max_key))
-    last_gid = durable = 0
+    last_gid = 0
     while True:
         # ASYNC_FLUSH: groups are answered at commit; the meta page is synced once per flush interval.
         messages = link.receive(None if sync_each or last_gid <= syncer.wanted else flush_interval_s)
@@ -275,21 +317,27 @@ def serve(path: str, map_size: int, sync_each: bool, flush_interval_s: float, so
         groups = [m for m in messages if m[0] == "group"]
         for chunk in _chunks(groups):
             ops = [op for _kind, _gid, group_ops in chunk for op in group_ops]
+            started = time.perf_counter()
             outcomes, grown, new_topics, synced = writer.commit(ops)
-            if synced:
-                durable = last_gid  # this commit's data sync flushed every earlier commit's meta page too
-            answers, start = [], 0
+            took = time.perf_counter() - started
+            per_group, start = [], 0
             for _kind, gid, group_ops in chunk:
-                answers.append((gid, outcomes[start:start + len(group_ops)]))
+                per_group.append((gid, outcomes[start:start + len(group_ops)]))
                 start += len(group_ops)
-            last_gid = chunk[-1][1]
-            link.send(("committed", answers, grown, new_topics, durable))
-            if sync_each:
-                syncer.request(last_gid)
+            previous, last_gid = last_gid, chunk[-1][1]
+            answers.add(last_gid, per_group, grown, new_topics, took)
+            if not sync_each:
+                answers.release(last_gid)
+            elif synced:
+                answers.release(previous)  # this commit's data sync flushed every earlier commit's meta page too
+        if sync_each and answers.held and not link.readable():
+            # Nothing more to commit now: the syncer makes the last meta page durable while this thread waits.
+            # When more is queued, the next commit's data sync does it at no extra cost.
+            syncer.request(last_gid)
         if any(m[0] == "close" for m in messages):
             syncer.stop()
             env.sync(True)
-            link.send(("durable", last_gid))
+            answers.release(last_gid)
             env.close()
             return 0
 
