@@ -368,8 +368,15 @@ class MessageStore:
         return None if raw is None else msgpack.unpackb(raw)
 
     def topics(self) -> dict[str, dict]:
+        """Every stored topic configuration; an unreadable row is logged and skipped (it never stops a start)."""
+        out = {}
         with self.env.begin() as txn:
-            return {k.decode(): msgpack.unpackb(v) for k, v in txn.cursor(db=self.dbs["topics"])}
+            for key, value in txn.cursor(db=self.dbs["topics"]):
+                try:
+                    out[key.decode()] = msgpack.unpackb(value)
+                except (ValueError, msgpack.UnpackException):
+                    log.warning("skipping an unreadable topic row %r in %s", bytes(key[:80]), self.path)
+        return out
 
     def get_meta(self, key: str):
         with self.env.begin() as txn:

@@ -243,7 +243,7 @@ async def test_a_corrupted_store_refuses_to_open_naming_it(open_store, tmp_path)
         await open_store()
 
 
-async def test_an_unreadable_offset_row_does_not_stop_the_store(open_store, tmp_path):
+async def test_unreadable_offset_and_topic_rows_do_not_stop_the_store(open_store, tmp_path):
     store = await open_store()
     await store.submit(SetConsumerOffsets({("G", "T", 0): 7}))
     await store.close()
@@ -251,6 +251,9 @@ async def test_an_unreadable_offset_row_does_not_stop_the_store(open_store, tmp_
     with env.begin(write=True, db=env.open_db(b"offsets")) as txn:
         txn.put(b"bad\x00group\x00T\x000", b"\x00" * 8)  # written before names were validated
         txn.put(b"\xff\xfe\x00T\x000", b"\x00" * 8)
+    with env.begin(write=True, db=env.open_db(b"topics")) as txn:
+        txn.put(b"\xff-not-utf8", b"\xc1")
     env.close()
     store = await open_store()
     assert list(store.consumer_offsets()) == [("G", "T", 0, 7)]
+    assert store.topics() == {}
