@@ -64,6 +64,54 @@ class BrokerConfig:
     serverMaxConnections: int = _doc("most client connections at once", default=10_000, meta={"min": 1})
     serverChannelMaxIdleTimeSeconds: int = _doc("close connections idle this long, s (0 = never)", default=120,
                                                 meta={"min": 0})
+    # --- bounded memory per connection and in total, fair check-back (issue 11, items 3 and 5) ---
+    serverMaxUnreadBytesPerConnection: int = _doc(
+        "answers written to a connection but not yet taken by its reader, bytes: above this the broker stops "
+        "turning the connection's further requests into answers (and stops reading it) until the reader catches up",
+        default=4 << 20, meta={"min": 64 << 10})
+    serverMaxInflightBytesPerConnection: int = _doc(
+        "bodies of the requests one connection has in progress, bytes: above this the broker stops reading it "
+        "(with serverMaxInflightPerConnection, which counts them)", default=16 << 20, meta={"min": 64 << 10})
+    serverMaxBufferedFrameBytes: int = _doc(
+        "bytes held in incomplete frames across all connections, authenticated or not (each connection may always "
+        "buffer 128 KiB, and one alone may finish a frame up to serverMaxFrameSize); a connection that needs more "
+        "waits, unread, until others' frames complete",
+        default=128 << 20, meta={"min": 1 << 20})
+    serverBufferedFrameWaitSeconds: int = _doc(
+        "how long a connection may wait for room under serverMaxBufferedFrameBytes before it is closed, s",
+        default=10, meta={"min": 1})
+    longPollingMaxHeldPerConnection: int = _doc(
+        "held (long-polling) pulls one connection may have; more are answered SYSTEM_BUSY. Held pulls also count "
+        "as requests in progress (serverMaxInflightPerConnection)", default=512, meta={"min": 1})
+    longPollingMaxHeld: int = _doc("held pulls across all connections; more are answered SYSTEM_BUSY",
+                                   default=50_000, meta={"min": 1})
+    maxBatchMessageCount: int = _doc(
+        "most messages in one batch send (the whole batch body is also bounded by maxMessageSize); at most "
+        "400000, so the answer's message-id list always fits in a frame header", default=10_000,
+        meta={"min": 1, "max": 400_000})
+    transactionCheckMaxUnreadBytes: int = _doc(
+        "a producer connection with more bytes than this written to it and not yet read (its write buffer, plus "
+        "the check-backs sent since it last sent anything) gets no check-back; another producer of the group does",
+        default=64 << 10, meta={"min": 1024})
+    metricsPromExporterPort: int = _doc("Prometheus metrics HTTP port (0 = any free port, -1 = off)", default=5557,
+                                        meta={"min": -1, "max": 65535})
+    aclEnable: bool = _doc("check AccessKey/Signature of every request against aclConfigFile (RocketMQ 4.x "
+                           "plain ACL); when off, admin requests are served to loopback clients only", default=False)
+    aclConfigFile: str = _doc("accounts and permissions, RocketMQ's plain_acl.yml format", default="conf/plain_acl.yml")
+    tlsEnable: bool = _doc("serve the broker port over TLS", default=False)
+    tlsServerCertPath: str = _doc("PEM certificate chain for TLS", default="")
+    tlsServerKeyPath: str = _doc("PEM private key for TLS", default="")
+    transactionTimeOut: int = _doc("ms after storing before a half message is first checked", default=6000,
+                                   meta={"min": 0})
+    transactionCheckInterval: int = _doc("ms between check-backs of an undecided half message", default=30_000,
+                                         meta={"min": 10})
+    transactionCheckMax: int = _doc("check-backs before a half message is discarded", default=15,
+                                    meta={"min": 1})
+    rejectTransactionMessage: bool = _doc("refuse half messages with NO_PERMISSION", default=False)
+    shutdownGraceSeconds: int = _doc("how long shutdown waits for in-progress requests, s", default=10,
+                                     meta={"min": 0})
+    logLevel: str = _doc("DEBUG, INFO, WARNING or ERROR", default="INFO",
+                         meta={"choices": ("DEBUG", "INFO", "WARNING", "ERROR")})
     metricsPromExporterPort: int = _doc("Prometheus metrics HTTP port (0 = any free port, -1 = off)", default=5557,
                                         meta={"min": -1, "max": 65535})
     aclEnable: bool = _doc("check AccessKey/Signature of every request against aclConfigFile (RocketMQ 4.x "

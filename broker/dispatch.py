@@ -13,6 +13,7 @@ from typing import Callable
 
 from halfmq.protocol.codes import RequestCode, ResponseCode
 from halfmq.protocol.command import RemotingCommand
+from halfmq.protocol.errors import FrameError
 from .channel import Channel
 from .errors import error_answer
 
@@ -46,6 +47,8 @@ class Dispatcher:
         self.request_observer: Callable[[int, int, float], None] | None = None
         #: Raises BrokerError when a request is not allowed (ACL, admin codes); None: everything is.
         self.authorize: Callable[[Channel, RemotingCommand], None] | None = None
+        #: transport.ConnectionLimits for the connections this dispatcher serves (None: the defaults).
+        self.limits = None
 
     def register(self, code: int, handler: Handler) -> None:
         self.handlers[int(code)] = handler
@@ -76,7 +79,7 @@ class Dispatcher:
             self._reply(channel, cmd, self._error_response(cmd, exc), started)
             return
         if type(result) is Deferred:  # first: the hot path, and iscoroutine is slow
-            proto.request_started()
+            proto.request_started(len(cmd.body))
             future = result.future
             waiting = self._waiting.get(future)
             if waiting is None:
@@ -85,7 +88,7 @@ class Dispatcher:
                 future.add_done_callback(self._complete_all)
             waiting.append((proto, channel, cmd, result.finish, started))
         elif asyncio.iscoroutine(result):
-            proto.request_started()
+            proto.request_started(len(cmd.body))
             task = asyncio.get_running_loop().create_task(self._run(proto, channel, cmd, result, started))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
@@ -108,7 +111,7 @@ class Dispatcher:
 
     def _complete(self, proto, channel: Channel, cmd: RemotingCommand, finish, fut: asyncio.Future,
                   started: float) -> None:
-        proto.request_finished()
+        proto.request_finished(len(cmd.body))
         if fut.cancelled():
             response = cmd.response(ResponseCode.SYSTEM_BUSY, "[OVERLOAD] broker is shutting down")
         else:
@@ -127,7 +130,7 @@ class Dispatcher:
         except Exception as exc:
             response = self._error_response(cmd, exc)
         finally:
-            proto.request_finished()
+            proto.request_finished(len(cmd.body))
         if response is not None:
             self._reply(channel, cmd, response, started)
 
@@ -137,7 +140,12 @@ class Dispatcher:
     def _reply(self, channel: Channel, request: RemotingCommand, response: RemotingCommand,
                started: float | None = None) -> None:
         if not request.is_oneway:
-            channel.send(response)
+            try:
+                channel.send(response)
+            except FrameError as exc:  # e.g. a header over the 24-bit limit: a clear error, not a malformed frame
+                log.warning("answer to request %s could not be framed: %s", request.code, exc)
+                response = request.response(ResponseCode.SYSTEM_ERROR, f"the answer does not fit in a frame: {exc}")
+                channel.send(response)
         if self.request_observer is not None and started is not None:
             self.request_observer(request.code, response.code, time.perf_counter() - started)
 

@@ -1,7 +1,10 @@
 """Framing (reference §1.1): a 4-byte length, a 4-byte header word, the header and the body.
 
 ``FrameDecoder`` is fed bytes as they arrive and hands back complete frames. It checks the declared
-length against its limit before it buffers a frame, so a hostile length costs no memory.
+length against its limit before it buffers a frame, so a hostile length costs no memory, and it never allocates a
+frame at its declared size: a partial frame holds only the bytes that arrived (``buffered``), which the transport
+bounds per connection and across connections. ``frame_head`` refuses a header longer than the 24 bits of the
+header word can say (an oversized answer would otherwise be sent as a malformed frame).
 """
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ from dataclasses import dataclass
 from .errors import FrameError
 
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
+#: The header length is the low 24 bits of the header word.
+MAX_HEADER_LENGTH = 0xFFFFFF
 _LEN = struct.Struct(">I")
 _PREFIX = struct.Struct(">II")
 
@@ -69,7 +74,10 @@ class FrameDecoder:
                 frames.append(Frame(serialize_type, bytes(view[start:start + header_len]),
                                     bytes(view[start + header_len:pos + 4 + length])))
                 pos += 4 + length
-        if pos:
+        if pos == end:
+            # A fresh buffer rather than an emptied one: after a large frame the old one keeps its capacity.
+            self._buf = bytearray()
+        elif pos:
             del buf[:pos]
         return frames
 
@@ -80,5 +88,11 @@ def encode_frame(serialize_type: int, header: bytes, body: bytes = b"") -> bytes
 
 
 def frame_head(serialize_type: int, header: bytes, body_len: int) -> bytes:
-    """A frame without its body: what precedes ``body_len`` bytes of body on the wire."""
+    """A frame without its body: what precedes ``body_len`` bytes of body on the wire.
+
+    Raises:
+        FrameError: the header is longer than the header word can say, or the frame longer than its length field.
+    """
+    if len(header) > MAX_HEADER_LENGTH or 4 + len(header) + body_len > 0xFFFFFFFF:
+        raise FrameError(f"a header of {len(header)} bytes does not fit in a frame (at most {MAX_HEADER_LENGTH})")
     return _PREFIX.pack(4 + len(header) + body_len, (serialize_type << 24) | len(header)) + header

@@ -1,4 +1,10 @@
-"""PULL_MESSAGE (11) with tag filtering and long polling (reference §3.6)."""
+"""PULL_MESSAGE (11) with tag filtering and long polling (reference §3.6).
+
+A held pull is answered through the dispatcher like any request in progress (a Deferred on its wake-up future).
+When it wakes while its connection's reader is behind (``Channel.unread_bytes`` over
+``serverMaxUnreadBytesPerConnection``), it is answered without records (PULL_RETRY_IMMEDIATELY at the same offset):
+a connection that does not read its answers never gets more than one read's worth of them built.
+"""
 from __future__ import annotations
 
 from halfmq.protocol.codes import PullSysFlag, RequestCode, ResponseCode
@@ -6,11 +12,12 @@ from halfmq.protocol.command import RemotingCommand
 from halfmq.protocol.headers import PullMessageRequestHeader
 
 from ..context import BrokerContext
-from ..dispatch import error_response
+from ..dispatch import Deferred
 from ..errors import BrokerError
 from ..names import check_group, check_topic
 from ..services.clients import parse_subscription
 from ..services.long_poll import HeldPull
+from ..transport import ConnectionLimits
 
 
 #: Stock clients hold for 15 s (Java) or 20 s (Go); anything longer is capped.
@@ -22,9 +29,16 @@ class PullProcessor:
         self.ctx = ctx
         self.max_count = ctx.config.maxTransferCountOnMessageInMemory
         self.max_bytes = ctx.config.maxTransferBytesOnMessageInMemory
+        self.max_unread = ctx.config.serverMaxUnreadBytesPerConnection
+        ctx.long_poll.configure(ctx.config.longPollingMaxHeldPerConnection, ctx.config.longPollingMaxHeld)
 
     def register(self, dispatcher) -> None:
         dispatcher.register(RequestCode.PULL_MESSAGE, self.pull)
+        dispatcher.on_channel_closed(self.ctx.long_poll.channel_closed)
+        # The broker listener's connection limits come from the configuration here, where held pulls (one of the
+        # things they bound) are configured too; a listener without a pull processor keeps the defaults.
+        if dispatcher.limits is None:
+            dispatcher.limits = ConnectionLimits.from_config(self.ctx.config)
 
     def pull(self, channel, cmd: RemotingCommand) -> RemotingCommand | None:
         header = PullMessageRequestHeader.from_ext(cmd.ext_fields)
@@ -89,17 +103,20 @@ class PullProcessor:
                 code, remark = ResponseCode.PULL_RETRY_IMMEDIATELY, "NO_MATCHED_MESSAGE"
         if (code == ResponseCode.PULL_NOT_FOUND and first and header.sysFlag & PullSysFlag.SUSPEND
                 and ctx.config.longPollingEnable and header.suspendTimeoutMillis > 0):
-            def resume() -> None:
-                try:
-                    response = self.process(channel, cmd, header, first=False)
-                except Exception as exc:  # answered like any request (the dispatcher's error table)
-                    response = error_response(cmd, exc)
-                if response is not None:
-                    channel.send(response)
-
             hold_s = min(header.suspendTimeoutMillis, MAX_SUSPEND_MS) / 1000
-            ctx.long_poll.hold(HeldPull(topic, queue_id, offset, resume), hold_s)
-            return None
+            pull = HeldPull(topic, queue_id, offset, channel)
+            ctx.long_poll.hold(pull, hold_s)
+            return Deferred(pull.future, lambda _woken: self.resume(channel, cmd, header))
         return cmd.response(code, remark, {
             "suggestWhichBrokerId": "0", "nextBeginOffset": str(next_offset),
             "minOffset": str(min_offset), "maxOffset": str(max_offset)}, body)
+
+    def resume(self, channel, cmd: RemotingCommand, header: PullMessageRequestHeader) -> RemotingCommand:
+        """A held pull woke up: run it once more, without holding, unless its reader is behind."""
+        if channel.unread_bytes > self.max_unread:
+            store = self.ctx.store
+            return cmd.response(ResponseCode.PULL_RETRY_IMMEDIATELY, "the connection's answers are not being read", {
+                "suggestWhichBrokerId": "0", "nextBeginOffset": str(header.queueOffset),
+                "minOffset": str(store.min_offset(header.topic, header.queueId)),
+                "maxOffset": str(store.max_offset(header.topic, header.queueId))})
+        return self.process(channel, cmd, header, first=False)

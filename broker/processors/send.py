@@ -4,6 +4,7 @@ Reference §3.1 and §3.10. A send is answered only after the store made it dura
 """
 from __future__ import annotations
 
+import asyncio
 import random
 
 from halfmq.protocol import properties as P
@@ -152,13 +153,25 @@ class SendProcessor:
         return message_request(rec, index=tx_type in (SysFlag.TRANSACTION_NOT_TYPE, SysFlag.TRANSACTION_COMMIT_TYPE))
 
     async def _send_batch(self, channel, cmd: RemotingCommand, header) -> RemotingCommand:
+        """A batch is bounded whole: its body by maxMessageSize (as the reference does), its messages by
+        maxBatchMessageCount (which also keeps the answer's message-id list inside a frame header), and it is
+        prepared in slices that let other clients' requests run between them (measured before: a 15 MiB batch of
+        683,853 tiny messages stalled every other client for 11 s, and its answer header overflowed the frame)."""
         ctx = self.ctx
+        max_count = ctx.config.maxBatchMessageCount
+        step = 256  # messages prepared between two yields to the loop (~2 ms)
         topic = header.topic
         if topic.startswith(RETRY_PREFIX):
             raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "batch messages cannot be sent to a retry topic")
+        if len(cmd.body) > self.max_body:
+            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
+                              f"the batch body size {len(cmd.body)} is larger than maxMessageSize {self.max_body}")
         items = decode_batch(cmd.body)
         if not items:
             raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "the batch is empty")
+        if len(items) > max_count:
+            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
+                              f"the batch holds {len(items)} messages, more than maxBatchMessageCount {max_count}")
         outer = decode_properties(header.properties or "")
         outer.pop(P.WAIT, None)
         outer.pop(P.UNIQ_KEY, None)
@@ -166,10 +179,9 @@ class SendProcessor:
         # Every message is checked whole (with the batch-level properties it inherits) before the topic is
         # resolved, so a refused batch creates nothing.
         item_props = []
-        for item in items:
-            if len(item.body) > self.max_body:
-                raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
-                                  f"a batch message body of {len(item.body)} bytes exceeds maxMessageSize")
+        for index, item in enumerate(items):
+            if index and not index % step:
+                await asyncio.sleep(0)  # let other connections' requests run between slices
             props = decode_properties(item.properties)
             if props.get(P.TRAN_MSG) == "true" or _delay_level(props) > 0:
                 raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
@@ -181,10 +193,14 @@ class SendProcessor:
             item_props.append(props)
         queue_id = await self._resolve_queue(header, topic)
         host = born_host(channel)
-        requests = [message_request(MessageRecord(
-            topic=topic, body=item.body, queue_id=queue_id, flag=item.flag,
-            sys_flag=header.sysFlag & ~SysFlag.TRANSACTION_MASK, born_timestamp=header.bornTimestamp, born_host=host,
-            store_host=ctx.store_host, properties=props)) for item, props in zip(items, item_props)]
+        sys_flag = header.sysFlag & ~SysFlag.TRANSACTION_MASK
+        requests = []
+        for index, (item, props) in enumerate(zip(items, item_props)):
+            if index and not index % step:
+                await asyncio.sleep(0)
+            requests.append(message_request(MessageRecord(
+                topic=topic, body=item.body, queue_id=queue_id, flag=item.flag, sys_flag=sys_flag,
+                born_timestamp=header.bornTimestamp, born_host=host, store_host=ctx.store_host, properties=props)))
         results = await ctx.store.submit(PutMessages(requests))
         if ctx.metrics is not None:
             ctx.metrics.message_in(topic, sum(len(i.body) for i in items), len(items))

@@ -5,12 +5,20 @@ cost follows the number of pending halves, never the history. One timer is armed
 A check goes to the channel the half arrived on if it is still open, else to another live producer of the group
 (round robin). An attempt counts toward transactionCheckMax only when the check was written to a channel; a half
 with no live producer waits for its group's next (re)registration, which makes it due at once.
+
+Fairness (issue 11): "open" is not "reading". A producer stalled with its connection open (SIGSTOP, a hung loop)
+took all 600 checks of its group's 40 halves into its socket buffers, each counted, and the halves were discarded
+while a live producer of the group got none. So a channel is a candidate only while its ``unread_bytes`` (write
+buffer plus the checks sent since it last sent anything) is within ``transactionCheckMaxUnreadBytes``, and a
+check counts only if the producer showed it was reading: when the half comes up again and the channel its last
+check went to has sent nothing since, that check is taken back (not counted) and the half goes to another producer.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+import weakref
 
 from halfmq.protocol import properties as P
 from halfmq.protocol.codes import FLAG_ONEWAY, RequestCode
@@ -23,6 +31,7 @@ from halfmq.store import HalfState
 
 log = logging.getLogger(__name__)
 PASS_LIMIT = 2000
+_GONE = object()  # the channel a check went to is gone (closed): the check was not read either
 
 
 class CheckBackService:
@@ -33,6 +42,11 @@ class CheckBackService:
         cfg = ctx.config
         self.interval_ms = cfg.transactionCheckInterval
         self.max_checks = cfg.transactionCheckMax
+        self.max_unread = cfg.transactionCheckMaxUnreadBytes
+        #: half offset → (channel, time.monotonic()) of its last check, until the half comes up again.
+        self._last_check: dict[int, tuple[weakref.ref, float]] = {}
+        self._round_robin = 0
+        self.checks_taken_back = 0
         self.waiting_for_producer: dict[str, set[int]] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
@@ -118,21 +132,31 @@ class CheckBackService:
         stale: list[tuple[int, int]] = []
         to_discard: list[int] = []
         rows = self.store.halves_with_records([offset for _due, offset in due])
+        self._prune_last_checks()
         for (due_ms, offset), (state, raw) in zip(due, rows, strict=True):
             if state is None or not state.pending or state.due != due_ms:
                 stale.append((due_ms, offset))  # an index entry left behind; the write below drops it
+                self._last_check.pop(offset, None)
                 continue
-            if state.checks >= self.max_checks:
+            checks, unread_by = state.checks, self._unconfirmed(offset)
+            if unread_by is not None and checks > 0:
+                checks -= 1  # its last check went to a producer that has not read it: it does not count
+                self.checks_taken_back += 1
+            if checks >= self.max_checks:
                 to_discard.append(offset)
                 continue
-            channel = self._select_channel(state, offset)
+            channel = self._select_channel(state, offset, unread_by)
             if channel is not None and self._send_check(channel, offset, state, raw):
-                attempts[offset] = state.checks + 1
+                attempts[offset] = checks + 1
+                self._last_check[offset] = (weakref.ref(channel), time.monotonic())
                 self.checks_sent += 1
             else:
                 self.waiting_for_producer.setdefault(state.group, set()).add(offset)
                 self.checks_undeliverable += 1
-                postponed.append(offset)
+                if checks != state.checks:
+                    attempts[offset] = checks  # the count taken back is written; due again after the interval
+                else:
+                    postponed.append(offset)
         if attempts or postponed or stale:
             await self.states.reschedule(attempts, postponed, stale, self.interval_ms)
         metrics = self.ctx.metrics
@@ -145,16 +169,48 @@ class CheckBackService:
             metrics.check_pass_done(len(attempts), len(postponed), self.last_pass_seconds)
         return len(due)
 
-    def _select_channel(self, state: HalfState, offset: int):
+    def _unconfirmed(self, offset: int):
+        """The channel the half's last check went to, if it has sent nothing since (it did not read the check)."""
+        last = self._last_check.pop(offset, None)
+        if last is None:
+            return None
+        channel = last[0]()
+        if channel is None or not channel.heard_since(last[1]):
+            return channel if channel is not None else _GONE
+        return None
+
+    def _prune_last_checks(self) -> None:
+        """Forget checks whose half will not come up again (decided meanwhile): those confirmed, or long past."""
+        if len(self._last_check) <= 4 * PASS_LIMIT:
+            return
+        cutoff = time.monotonic() - 2 * self.interval_ms / 1000 - 60
+        for offset, (ref, when) in list(self._last_check.items()):
+            channel = ref()
+            if when < cutoff or channel is None or channel.heard_since(when):
+                del self._last_check[offset]
+
+    def _candidate(self, channel, avoid) -> bool:
+        return (channel is not None and channel is not avoid and channel.writable
+                and channel.unread_bytes <= self.max_unread)
+
+    def _select_channel(self, state: HalfState, offset: int, avoid=None):
+        """The half's sender, else its client's channel, else a live producer of the group (round robin): one that
+        reads (within transactionCheckMaxUnreadBytes) and is not ``avoid`` (it left the last check unread)."""
         group = state.group
         sender = self.states.sender_channels.get(offset)
-        if sender is not None and sender.writable:
+        if self._candidate(sender, avoid):
             return sender
         if state.client_id:
             channel = self.ctx.producers.find_by_client_id(group, state.client_id)
-            if channel is not None:
+            if self._candidate(channel, avoid):
                 return channel
-        return self.ctx.producers.select(group)
+        live = self.ctx.producers.live_channels(group)
+        for _ in range(len(live)):
+            self._round_robin = (self._round_robin + 1) & 0x7FFFFFFF
+            channel = live[self._round_robin % len(live)]
+            if self._candidate(channel, avoid):
+                return channel
+        return None
 
     def _send_check(self, channel, offset: int, state: HalfState, raw: bytes | None) -> bool:
         if raw is None:
