@@ -24,6 +24,7 @@ import struct
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -113,6 +114,13 @@ class Attack:
                 pass
 
     @staticmethod
+    async def in_threads(fn, *args_each) -> None:
+        """``fn(args)`` for each, each on its own thread (asyncio.to_thread's pool has only a few)."""
+        with ThreadPoolExecutor(max_workers=max(1, len(args_each))) as pool:
+            loop = asyncio.get_running_loop()
+            await asyncio.gather(*(loop.run_in_executor(pool, fn, *args) for args in args_each))
+
+    @staticmethod
     def send_all(sock: socket.socket, data: bytes, stop: asyncio.Event) -> None:
         sock.settimeout(0.5)
         view = memoryview(data)
@@ -128,7 +136,7 @@ class Attack:
     async def pipelined_pulls(self) -> None:
         frames = b"".join(pull_frame(i, "HostileBulk") for i in range(20_000))
         socks = [self.connect(rcvbuf=4096) for _ in range(3)]
-        await asyncio.gather(*(asyncio.to_thread(self.send_all, s, frames, self.stop) for s in socks))
+        await self.in_threads(self.send_all, *((s, frames, self.stop) for s in socks))
         await self.stop.wait()
 
     async def held_pulls(self) -> None:
@@ -151,7 +159,7 @@ class Attack:
                     return
                 self.stop_wait(1.0)
 
-        await asyncio.gather(*(asyncio.to_thread(trickle, s) for s in socks))
+        await self.in_threads(trickle, *((s,) for s in socks))
 
     def stop_wait(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -234,7 +242,7 @@ class Attack:
                     "subscriptionDataSet": [{"topic": "HostileGood", "subString": "*"}]}]}).encode()
                 sock.sendall(RemotingCommand(RequestCode.HEART_BEAT, n, body=body).encode())
 
-        await asyncio.gather(*(asyncio.to_thread(join, i * 500, 500) for i in range(4)))
+        await self.in_threads(join, *((i * 500, 500) for i in range(4)))
         await self.stop.wait()
 
     async def many_topics(self) -> None:
@@ -295,6 +303,7 @@ async def prepare(addr_namesrv: str) -> None:
         for _ in range(32):  # 1 MiB answers for the pipelined pulls
             await producer.send(Message("HostileBulk", os.urandom(32 << 10)), )
         await producer.send(Message("HostileEmpty", b"x"))
+        await producer.send(Message("HostileGood", b"x"))  # before any attack: a topic quota may fill up
 
 
 async def run_attack_process(name: str, broker: str, duration: float) -> None:
