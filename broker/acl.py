@@ -4,6 +4,21 @@ A request is signed by the client: ``Signature`` = Base64(HMAC-SHA1(secretKey, v
 sorted by key, then the body)), with ``AccessKey`` (and optionally ``SecurityToken``) among the fields. Accounts
 grant topics and groups DENY, PUB, SUB or PUB|SUB, with defaults for unlisted resources; admin requests need an
 admin account. With ACL off, admin requests are served to loopback peers only.
+
+What each request code needs is one table, ``RULES`` (code → the resources it touches and the permission each
+needs), built once below from the header classes' ``RESOURCES`` (so the key checked is the key the processor
+routes by) plus the body fields of HEART_BEAT and LOCK/UNLOCK_BATCH_MQ; README's table is ``rules_markdown()``.
+It follows RocketMQ 4.x plain ACL and is stricter where that leaks:
+
+- a ``%RETRY%G``/``%DLQ%G`` topic is group G's: it needs SUB on G, whatever the code (no topic grant opens it);
+- a system topic (half, op-half, schedule, TRANS_CHECK_MAX_TIME_TOPIC, ...) is for admin accounts only;
+- VIEW_MESSAGE_BY_ID, QUERY_MESSAGE and CONSUMER_SEND_MSG_BACK need SUB on the topic of the record they read:
+  the processor calls ``check_record`` once it has the record (the header alone does not name it);
+- a heartbeat's producer groups need PUB (only they get CHECK_TRANSACTION_STATE, which carries uncommitted
+  bodies), its consumer groups SUB, their subscriptions SUB on the topics; a heartbeat with one refused group
+  is refused whole, so nothing of it is registered;
+- LOCK/UNLOCK_BATCH_MQ need SUB on the group and its topics; that the client id is the caller's own (the one its
+  heartbeat registered on the connection) is checked by the processor with or without ACL.
 """
 from __future__ import annotations
 
@@ -17,9 +32,27 @@ from dataclasses import dataclass, field
 import yaml
 
 from halfmq.protocol.codes import ADMIN_REQUEST_CODES, RequestCode, ResponseCode
+from halfmq.protocol.headers import (
+    GROUP,
+    TOPIC,
+    ConsumerSendMsgBackRequestHeader,
+    EndTransactionRequestHeader,
+    GroupRequestHeader,
+    Header,
+    PullMessageRequestHeader,
+    QueryConsumerOffsetRequestHeader,
+    QueryMessageRequestHeader,
+    QueueRequestHeader,
+    SearchOffsetRequestHeader,
+    SendMessageRequestHeader,
+    SendMessageRequestHeaderV2,
+    UnregisterClientRequestHeader,
+    UpdateConsumerOffsetRequestHeader,
+    ViewMessageRequestHeader,
+)
 
 from .errors import BrokerError
-from .topics import RETRY_PREFIX
+from .topics import DLQ_PREFIX, RETRY_PREFIX, SEND_FORBIDDEN
 
 DENY, ANY, PUB, SUB = 1, 2, 4, 8
 _PERMS = {"DENY": DENY, "ANY": ANY | PUB | SUB, "PUB": PUB, "SUB": SUB}
@@ -104,8 +137,140 @@ def is_loopback(remote: str) -> bool:
         return False
 
 
-def _send_topic(ext: dict[str, str]) -> str | None:
-    return ext.get("b") or ext.get("topic")
+
+#: Where a rule finds the name of a record's topic: the processor reads the record, then calls check_record.
+RECORD = "the record read"
+
+
+@dataclass(frozen=True)
+class Need:
+    """One resource a request touches: its kind (TOPIC or GROUP), where its name is read, the permission."""
+
+    kind: str
+    where: str   # an extFields key, a body path, or RECORD
+    perm: int
+    header_key: str | None = None  # the extFields key the name is read from, for header needs
+
+
+@dataclass(frozen=True)
+class Rule:
+    code: RequestCode
+    needs: tuple[Need, ...]
+    header: type[Header] | None = None
+    note: str = ""
+
+
+def _from_header(code: RequestCode, header: type[Header], note: str = "", record: int = 0, **perms: int) -> Rule:
+    """A rule whose names are header fields (attribute=permission), plus SUB on the record read if ``record``."""
+    needs = []
+    for attribute, perm in perms.items():
+        key = header.wire_key(attribute)
+        needs.append(Need(header.RESOURCES[attribute], f"`{key}`", perm, key))
+    if record:
+        needs.append(Need(TOPIC, RECORD, record))
+    return Rule(code, tuple(needs), header, note)
+
+
+def _from_body(code: RequestCode, note: str, *needs: Need) -> Rule:
+    return Rule(code, needs, None, note)
+
+
+C = RequestCode
+_SEND_NOTE = "a %RETRY%G/%DLQ%G topic needs SUB on G"
+#: Every request code the broker serves to clients, but the admin codes and SIGNATURE_ONLY (a test checks that
+#: every code the broker registers is in one of the three).
+RULES: dict[int, Rule] = {rule.code: rule for rule in (
+    _from_header(C.SEND_MESSAGE, SendMessageRequestHeader, _SEND_NOTE, topic=PUB),
+    _from_header(C.SEND_MESSAGE_V2, SendMessageRequestHeaderV2, _SEND_NOTE, topic=PUB),
+    _from_header(C.SEND_BATCH_MESSAGE, SendMessageRequestHeaderV2, _SEND_NOTE, topic=PUB),
+    _from_header(C.PULL_MESSAGE, PullMessageRequestHeader, "", topic=SUB, consumerGroup=SUB),
+    _from_header(C.QUERY_MESSAGE, QueryMessageRequestHeader, "only records of that topic are answered",
+                 record=SUB, topic=SUB),
+    _from_header(C.QUERY_CONSUMER_OFFSET, QueryConsumerOffsetRequestHeader, "", topic=SUB, consumerGroup=SUB),
+    _from_header(C.UPDATE_CONSUMER_OFFSET, UpdateConsumerOffsetRequestHeader, "", topic=SUB, consumerGroup=SUB),
+    _from_header(C.SEARCH_OFFSET_BY_TIMESTAMP, SearchOffsetRequestHeader, "", topic=SUB),
+    _from_header(C.GET_MAX_OFFSET, QueueRequestHeader, "", topic=SUB),
+    _from_header(C.GET_MIN_OFFSET, QueueRequestHeader, "", topic=SUB),
+    _from_header(C.GET_EARLIEST_MSG_STORETIME, QueueRequestHeader, "", topic=SUB),
+    _from_header(C.VIEW_MESSAGE_BY_ID, ViewMessageRequestHeader, "a system topic's record: admin only",
+                 record=SUB),
+    _from_body(C.HEART_BEAT, "refused whole if any group or topic is refused",
+               Need(GROUP, "body `producerDataSet[].groupName`", PUB),
+               Need(GROUP, "body `consumerDataSet[].groupName`", SUB),
+               Need(TOPIC, "body `consumerDataSet[].subscriptionDataSet[].topic`", SUB)),
+    _from_header(C.UNREGISTER_CLIENT, UnregisterClientRequestHeader, "", producerGroup=PUB, consumerGroup=SUB),
+    _from_header(C.CONSUMER_SEND_MSG_BACK, ConsumerSendMsgBackRequestHeader,
+                 "only committed records of a non-system topic are copied", record=SUB, group=SUB),
+    _from_header(C.END_TRANSACTION, EndTransactionRequestHeader, "", producerGroup=PUB),
+    _from_header(C.GET_CONSUMER_LIST_BY_GROUP, GroupRequestHeader, "", consumerGroup=SUB),
+    _from_body(C.LOCK_BATCH_MQ, "only for the caller's own clientId (its heartbeat's)",
+               Need(GROUP, "body `consumerGroup`", SUB), Need(TOPIC, "body `mqSet[].topic`", SUB)),
+    _from_body(C.UNLOCK_BATCH_MQ, "only for the caller's own clientId (its heartbeat's)",
+               Need(GROUP, "body `consumerGroup`", SUB), Need(TOPIC, "body `mqSet[].topic`", SUB)),
+)}
+#: Codes that name no topic or group a client could be refused: route, cluster and topic-list queries (what the
+#: name server tells anyone) and CHECK_CLIENT_CONFIG. They need a valid signature and nothing else.
+SIGNATURE_ONLY = frozenset({C.GET_ROUTEINFO_BY_TOPIC, C.GET_BROKER_CLUSTER_INFO, C.GET_ALL_TOPIC_LIST_FROM_NAMESERVER,
+                            C.CHECK_CLIENT_CONFIG})
+del C
+
+
+def _perm_name(perm: int) -> str:
+    return "|".join(name for name, bit in (("PUB", PUB), ("SUB", SUB)) if perm & bit)
+
+
+def rules_markdown() -> str:
+    """The table README shows (a test keeps the two equal)."""
+    lines = ["| code | request | needs | note |", "|---|---|---|---|"]
+    for rule in sorted(RULES.values(), key=lambda r: r.code):
+        needs = "; ".join(f"{_perm_name(n.perm)} on the {n.kind} in {n.where}" for n in rule.needs)
+        lines.append(f"| {int(rule.code)} | {rule.code.name} | {needs} | {rule.note} |")
+    admin = ", ".join(f"{c.name} ({int(c)})" for c in sorted(ADMIN_REQUEST_CODES))
+    lines.append(f"| admin | {admin} | an admin account (ACL off: a loopback client) | |")
+    plain = ", ".join(f"{c.name} ({int(c)})" for c in sorted(SIGNATURE_ONLY))
+    lines.append(f"| other | {plain} | a valid signature only | they name no resource |")
+    return "\n".join(lines)
+
+
+def _body_json(cmd) -> dict:
+    try:
+        data = json.loads(cmd.body or b"{}")
+    except (ValueError, RecursionError):
+        data = None
+    if not isinstance(data, dict):
+        # Nothing to name resources from; refusing here (rather than letting the processor answer the malformed
+        # body) keeps one rule: a body-routed request is checked whole or not served.
+        raise BrokerError(ResponseCode.SYSTEM_ERROR, "the request body is not a JSON object")
+    return data
+
+
+def _dicts(value) -> list[dict]:
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def _body_resources(code: int, cmd):
+    """(kind, name, perm) named by the JSON body of HEART_BEAT and LOCK/UNLOCK_BATCH_MQ."""
+    data = _body_json(cmd)
+    if code == RequestCode.HEART_BEAT:
+        for producer in _dicts(data.get("producerDataSet")):
+            yield GROUP, str(producer.get("groupName", "")), PUB
+        for consumer in _dicts(data.get("consumerDataSet")):
+            yield GROUP, str(consumer.get("groupName", "")), SUB
+            for sub in _dicts(consumer.get("subscriptionDataSet")):
+                yield TOPIC, str(sub.get("topic", "")), SUB
+    else:  # LOCK_BATCH_MQ, UNLOCK_BATCH_MQ
+        yield GROUP, str(data.get("consumerGroup", "")), SUB
+        for mq in _dicts(data.get("mqSet")):
+            yield TOPIC, str(mq.get("topic", "")), SUB
+
+
+def owner(kind: str, name: str, perm: int) -> tuple[str, str, int]:
+    """The resource whose permission decides: a retry or DLQ topic is its group's, and needs SUB on it."""
+    if kind == TOPIC:
+        for prefix in (RETRY_PREFIX, DLQ_PREFIX):
+            if name.startswith(prefix):
+                return GROUP, name[len(prefix):], SUB
+    return kind, name, perm
 
 
 class AccessValidator:
@@ -114,12 +279,30 @@ class AccessValidator:
     def __init__(self, accounts: dict[str, Account] | None):
         self.accounts = accounts  # None: ACL off
 
+    @property
+    def enabled(self) -> bool:
+        return self.accounts is not None
+
     def check(self, channel, cmd) -> None:
         if self.accounts is None:
             if cmd.code in ADMIN_REQUEST_CODES and not is_loopback(channel.remote):
                 raise BrokerError(ResponseCode.NO_PERMISSION,
                                   f"admin request {cmd.code} is only served to loopback clients when ACL is off")
             return
+        account = self._account(cmd)
+        if cmd.code in ADMIN_REQUEST_CODES:
+            if not account.admin:
+                raise BrokerError(ResponseCode.NO_PERMISSION, f"request {cmd.code} needs an admin account")
+            return
+        if account.admin:
+            return
+        rule = RULES.get(cmd.code)
+        if rule is None:
+            return
+        for kind, name, perm in self._resources(rule, cmd):
+            self._require(account, kind, name, perm)
+
+    def _account(self, cmd) -> Account:
         ext = cmd.ext_fields
         account = self.accounts.get(ext.get("AccessKey", ""))
         if account is None:
@@ -127,53 +310,47 @@ class AccessValidator:
         expected = signature(account.secret_key, ext, cmd.body)
         if not hmac.compare_digest(expected.encode(), ext.get("Signature", "").encode()):
             raise BrokerError(ResponseCode.NO_PERMISSION, "the signature does not match")
-        if cmd.code in ADMIN_REQUEST_CODES:
-            if not account.admin:
-                raise BrokerError(ResponseCode.NO_PERMISSION, f"request {cmd.code} needs an admin account")
-            return
-        for kind, resource, needed in self._resources(cmd):
-            if account.admin:
-                continue
-            if not account.allows(kind, resource, needed):
-                raise BrokerError(ResponseCode.NO_PERMISSION,
-                                  f"{account.access_key} may not {'publish to' if needed == PUB else 'subscribe'} "
-                                  f"{kind} {resource}")
+        return account
 
     @staticmethod
-    def _resources(cmd):
-        code, ext = cmd.code, cmd.ext_fields
-        if code in (RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE):
-            topic = _send_topic(ext) or ""
-            if topic.startswith(RETRY_PREFIX):
-                yield "group", topic[len(RETRY_PREFIX):], SUB
-            else:
-                yield "topic", topic, PUB
-        elif code == RequestCode.END_TRANSACTION:
-            yield "group", ext.get("producerGroup", ""), PUB
-        elif code == RequestCode.PULL_MESSAGE:
-            topic = ext.get("topic", "")
-            if not topic.startswith(RETRY_PREFIX):
-                yield "topic", topic, SUB
-            yield "group", ext.get("consumerGroup", ""), SUB
-        elif code in (RequestCode.QUERY_CONSUMER_OFFSET, RequestCode.UPDATE_CONSUMER_OFFSET):
-            yield "topic", ext.get("topic", ""), SUB
-            yield "group", ext.get("consumerGroup", ""), SUB
-        elif code in (RequestCode.GET_CONSUMER_LIST_BY_GROUP, RequestCode.UNREGISTER_CLIENT):
-            if ext.get("consumerGroup"):
-                yield "group", ext["consumerGroup"], SUB
-        elif code == RequestCode.CONSUMER_SEND_MSG_BACK:
-            yield "group", ext.get("group", ""), SUB
-        elif code == RequestCode.HEART_BEAT:
-            try:
-                data = json.loads(cmd.body or b"{}")
-            except (ValueError, RecursionError):
-                return  # not a heartbeat to take groups from; its processor answers the malformed body
-            if not isinstance(data, dict):
-                return
-            for consumer in data.get("consumerDataSet") or []:
-                if isinstance(consumer, dict):
-                    yield "group", str(consumer.get("groupName", "")), SUB
-                    for sub in consumer.get("subscriptionDataSet") or []:
-                        topic = str(sub.get("topic", "")) if isinstance(sub, dict) else ""
-                        if topic and not topic.startswith(RETRY_PREFIX):
-                            yield "topic", topic, SUB
+    def _resources(rule: Rule, cmd):
+        if rule.header is None:
+            yield from _body_resources(rule.code, cmd)
+            return
+        ext = cmd.ext_fields
+        for need in rule.needs:
+            if need.header_key is None:
+                continue  # RECORD: checked by the processor through check_record
+            name = ext.get(need.header_key)
+            # An absent field names nothing: an optional one (UNREGISTER_CLIENT's groups) asks for nothing, and a
+            # required one is refused by the processor's header class, which reads this very key.
+            if name:
+                yield need.kind, name, need.perm
+
+    @staticmethod
+    def _require(account: Account, kind: str, name: str, perm: int) -> None:
+        kind, name, perm = owner(kind, name, perm)
+        if kind == TOPIC and name in SEND_FORBIDDEN:
+            raise BrokerError(ResponseCode.NO_PERMISSION, f"{account.access_key} may not use system topic {name}")
+        if not account.allows(kind, name, perm):
+            raise BrokerError(ResponseCode.NO_PERMISSION,
+                              f"{account.access_key} may not {'publish to' if perm == PUB else 'subscribe'} "
+                              f"{kind} {name}")
+
+    def check_record(self, channel, cmd, topic: str) -> None:
+        """May the sender of ``cmd`` (already authenticated by ``check``) read a record of ``topic``?
+
+        Records of system topics (halves, discarded halves, delayed copies) go to admins only; with ACL off, to
+        loopback clients only, like the admin codes.
+
+        Raises:
+            BrokerError: NO_PERMISSION.
+        """
+        if self.accounts is None:
+            if topic in SEND_FORBIDDEN and not is_loopback(channel.remote):
+                raise BrokerError(ResponseCode.NO_PERMISSION,
+                                  f"a record of system topic {topic} is only served to loopback clients")
+            return
+        account = self._account(cmd)
+        if not account.admin:
+            self._require(account, TOPIC, topic, SUB)

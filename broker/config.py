@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+#: bindAddress values meaning every interface.
+WILDCARDS = frozenset({"0.0.0.0", "::", ""})
 DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
@@ -32,7 +34,9 @@ class BrokerConfig:
     brokerId: int = _doc("0 = master (the only role halfmq has)", default=0, meta={"min": 0, "max": 0})
     brokerIP1: str = _doc("address advertised in routes and message ids; empty = bindAddress, or 127.0.0.1 "
                           "when bound to all interfaces", default="")
-    bindAddress: str = _doc("interface the broker, name-server and metrics ports listen on", default="0.0.0.0")
+    bindAddress: str = _doc("interface the broker and name-server ports (and metrics, unless "
+                            "metricsPromExporterHost) listen on: 0.0.0.0 = every IPv4 interface, :: = every IPv4 "
+                            "and IPv6 interface (dual stack)", default="0.0.0.0")
     listenPort: int = _doc("broker port (0 = any free port)", default=10911, meta={"min": 0, "max": 65535})
     namesrvListenPort: int = _doc("built-in name server port (0 = any free port, -1 = off)", default=9876,
                                   meta={"min": -1, "max": 65535})
@@ -112,31 +116,29 @@ class BrokerConfig:
                                      meta={"min": 0})
     logLevel: str = _doc("DEBUG, INFO, WARNING or ERROR", default="INFO",
                          meta={"choices": ("DEBUG", "INFO", "WARNING", "ERROR")})
-    metricsPromExporterPort: int = _doc("Prometheus metrics HTTP port (0 = any free port, -1 = off)", default=5557,
-                                        meta={"min": -1, "max": 65535})
-    aclEnable: bool = _doc("check AccessKey/Signature of every request against aclConfigFile (RocketMQ 4.x "
-                           "plain ACL); when off, admin requests are served to loopback clients only", default=False)
-    aclConfigFile: str = _doc("accounts and permissions, RocketMQ's plain_acl.yml format", default="conf/plain_acl.yml")
-    tlsEnable: bool = _doc("serve the broker port over TLS", default=False)
-    tlsServerCertPath: str = _doc("PEM certificate chain for TLS", default="")
-    tlsServerKeyPath: str = _doc("PEM private key for TLS", default="")
-    transactionTimeOut: int = _doc("ms after storing before a half message is first checked", default=6000,
-                                   meta={"min": 0})
-    transactionCheckInterval: int = _doc("ms between check-backs of an undecided half message", default=30_000,
-                                         meta={"min": 10})
-    transactionCheckMax: int = _doc("check-backs before a half message is discarded", default=15,
-                                    meta={"min": 1})
-    rejectTransactionMessage: bool = _doc("refuse half messages with NO_PERMISSION", default=False)
-    shutdownGraceSeconds: int = _doc("how long shutdown waits for in-progress requests, s", default=10,
-                                     meta={"min": 0})
-    logLevel: str = _doc("DEBUG, INFO, WARNING or ERROR", default="INFO",
-                         meta={"choices": ("DEBUG", "INFO", "WARNING", "ERROR")})
+    # --- quotas on what clients create, and where the metrics port listens (issue 11, items 4 and 6) ---
+    autoCreateSubscriptionGroup: bool = _doc(
+        "create a consumer group (its %RETRY% topic) on its first heartbeat or send-back; false: only groups an "
+        "admin created (UPDATE_AND_CREATE_TOPIC of %RETRY%<group>)", default=True)
+    maxAutoCreatedTopics: int = _doc(
+        "auto-creation of topics stops once the broker holds this many user topics (admin-created ones count; an "
+        "admin can still create more)", default=1000, meta={"min": 0})
+    maxAutoCreatedSubscriptionGroups: int = _doc(
+        "auto-creation of consumer groups stops once the broker holds this many (a heartbeat beyond it registers "
+        "the consumer but creates nothing)", default=1000, meta={"min": 0})
+    metricsMaxLabelValues: int = _doc(
+        "distinct topics, and distinct groups, that get series of their own in the metrics; later ones are "
+        "counted under the label value (other)", default=1000, meta={"min": 1})
+    metricsPromExporterHost: str = _doc("interface the metrics port listens on; empty = bindAddress", default="")
 
     @property
     def advertised_ip(self) -> str:
+        """brokerIP1, else the bound address when it is one IPv4 address, else 127.0.0.1 (message ids carry an
+        IPv4 store host; a wildcard or IPv6 bind cannot name an address that other hosts reach)."""
         if self.brokerIP1:
             return self.brokerIP1
-        return "127.0.0.1" if self.bindAddress in ("0.0.0.0", "::", "") else self.bindAddress
+        bind = self.bindAddress
+        return "127.0.0.1" if bind in WILDCARDS or ":" in bind else bind
 
     @property
     def delay_levels_ms(self) -> list[int]:

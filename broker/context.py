@@ -31,3 +31,5 @@ class BrokerContext:
     transactions: object = None
     check_back: object = None
     metrics: object = None
+    #: broker/acl.AccessValidator: processors ask it about the records they read (check_record).
+    acl: object = None

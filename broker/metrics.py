@@ -5,6 +5,10 @@ size) are computed by a custom collector at scrape time instead of being kept up
 for every message (messages and bytes in, request latency) are plain integers on the loop thread, exported by
 the collector, and so are the per-decision transaction series: prometheus-client's lock per update cost as
 much as a tenth of a send.
+
+Label values that clients choose (topics, groups) are capped: the first ``metricsMaxLabelValues`` distinct topics
+and groups get series of their own, later ones are summed under ``(other)`` (a name no topic or group can have).
+3,000 made-up group names once made 12,000 series, and a scrape's cost grew with them.
 """
 from __future__ import annotations
 
@@ -53,6 +57,27 @@ def _topic_counters(table: dict[str, list[int]], *families: tuple[str, str]):
     return out
 
 
+OTHER = "(other)"
+
+
+class LabelCap:
+    """Maps client-chosen label values to themselves while fewer than ``limit`` are known, later ones to OTHER.
+
+    A value keeps its mapping for the broker's life, so a counter never moves between series."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.known: set[str] = set()
+
+    def __call__(self, value: str) -> str:
+        if value in self.known:
+            return value
+        if len(self.known) < self.limit:
+            self.known.add(value)
+            return value
+        return OTHER
+
+
 def _code_name(code: int) -> str:
     try:
         return RequestCode(code).name
@@ -64,6 +89,8 @@ class BrokerMetrics:
     def __init__(self, ctx):
         self.ctx = ctx
         self.registry = r = CollectorRegistry(auto_describe=True)
+        limit = ctx.config.metricsMaxLabelValues
+        self.topic_label, self.group_label = LabelCap(limit), LabelCap(limit)
         self.messages_in: dict[str, list[int]] = {}  # topic → [messages, body bytes]
         self.rpc_latency: dict[tuple[int, int], list] = {}  # (code, response code) → bucket counts + [sum]
         self.messages_out = Counter("rocketmq_messages_out", "Messages delivered by pulls",
@@ -91,6 +118,7 @@ class BrokerMetrics:
 
     # --- hooks called by processors and services (hot: labelled children are cached) ---
     def message_in(self, topic: str, nbytes: int, count: int = 1) -> None:
+        topic = self.topic_label(topic)
         totals = self.messages_in.get(topic)
         if totals is None:
             totals = self.messages_in[topic] = [0, 0]
@@ -101,8 +129,10 @@ class BrokerMetrics:
         key = (topic, group)
         children = self._out.get(key)
         if children is None:
-            children = self._out[key] = (self.messages_out.labels(topic, group),
-                                         self.throughput_out.labels(topic, group))
+            labels = (self.topic_label(topic), self.group_label(group))
+            children = (self.messages_out.labels(*labels), self.throughput_out.labels(*labels))
+            if labels == key:  # cache only the capped pairs: made-up names must not grow this dict either
+                self._out[key] = children
         children[0].inc(count)
         children[1].inc(nbytes)
 
@@ -110,11 +140,12 @@ class BrokerMetrics:
         _observe(self.rpc_latency, (code, response_code), _MS_BUCKETS, seconds * 1000)
 
     def half_prepared(self, topic: str) -> None:
+        topic = self.topic_label(topic)
         self.half_open[topic] = self.half_open.get(topic, 0) + 1
 
     def half_decided(self, state, was_open: bool = True) -> None:
         """A half reached ``state`` (a HalfState); ``was_open``: it was pending until now."""
-        topic = state.topic
+        topic = self.topic_label(state.topic)
         if was_open:
             self.half_open[topic] = max(0, self.half_open.get(topic, 0) - 1)
         decided = self.decided.get(topic)
@@ -138,7 +169,7 @@ class BrokerMetrics:
             self.unexpected.inc()
 
     def decision_conflict(self, group: str) -> None:
-        self.conflicts.labels(group).inc()
+        self.conflicts.labels(self.group_label(group)).inc()
 
     def check_pass_done(self, sent: int, undeliverable: int, seconds: float) -> None:
         self.checks_sent.inc(sent)
@@ -152,18 +183,25 @@ class BrokerMetrics:
         for _due, offset in store.due_halves(2 ** 62, 2 ** 31):
             state = store.get_half(offset)
             if state is not None and state.pending:
-                self.half_open[state.topic] = self.half_open.get(state.topic, 0) + 1
+                self.half_prepared(state.topic)
 
-    def serve(self, addr: str, port: int) -> int:
-        """Start the HTTP exporter; returns the bound port."""
+    def serve(self, addr: str, port: int) -> tuple:
+        """Start the HTTP exporter; returns the bound socket address (host, port, ...)."""
         self._http, _thread = start_http_server(port, addr, registry=self.registry)
-        return self._http.server_address[1]
+        return self._http.server_address
 
     def close(self) -> None:
         if self._http is not None:
             self._http.shutdown()
             self._http.server_close()
             self._http = None
+
+
+def _sum_by(pairs) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for label, value in pairs:
+        out[label] = out.get(label, 0) + value
+    return out
 
 
 class _StateCollector:
@@ -189,22 +227,27 @@ class _StateCollector:
     def collect(self):
         ctx = self.metrics.ctx
         yield from self._hot_series()
+        metrics = self.metrics
+        group_label, topic_label = metrics.group_label, metrics.topic_label
         producers = GaugeMetricFamily("rocketmq_producer_connections", "Producer channels by group",
                                       labels=["producer_group"])
-        for group, channels in list(ctx.producers.groups.items()):
-            producers.add_metric([group], len(channels))
+        for label, value in _sum_by((group_label(g), len(channels))
+                                    for g, channels in list(ctx.producers.groups.items())).items():
+            producers.add_metric([label], value)
         yield producers
         consumers = GaugeMetricFamily("rocketmq_consumer_connections", "Consumer channels by group",
                                       labels=["consumer_group"])
-        for group, entry in list(ctx.consumers.groups.items()):
-            consumers.add_metric([group], len(entry.channels))
+        for label, value in _sum_by((group_label(g), len(entry.channels))
+                                    for g, entry in list(ctx.consumers.groups.items())).items():
+            consumers.add_metric([label], value)
         yield consumers
         lag = GaugeMetricFamily("rocketmq_consumer_lag_messages", "Messages not yet consumed by a group",
                                 labels=["topic", "consumer_group"])
         totals: dict[tuple[str, str], int] = {}
         for (group, topic, queue_id), offset in list(ctx.offsets.table.items()):
             behind = max(0, ctx.store.max_offset(topic, queue_id) - offset)
-            totals[(topic, group)] = totals.get((topic, group), 0) + behind
+            key = (topic_label(topic), group_label(group))
+            totals[key] = totals.get(key, 0) + behind
         for (topic, group), value in totals.items():
             lag.add_metric([topic, group], value)
         yield lag

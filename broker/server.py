@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import ssl
 import time
 
 from halfmq.store import MessageStore, StoreConfig
 
 from .acl import AccessValidator, load_accounts
-from .config import BrokerConfig, ConfigError
+from .config import WILDCARDS, BrokerConfig, ConfigError
 from .context import BrokerContext
 from .dispatch import Dispatcher
 from .metrics import BrokerMetrics
@@ -38,8 +39,15 @@ log = logging.getLogger(__name__)
 CLIENT_SCAN_INTERVAL_S = 10.0
 
 
+def format_address(sockname) -> str:
+    """HOST:PORT of a bound socket, [HOST]:PORT for IPv6: what the ready line prints, the address really bound."""
+    host, port = sockname[0], sockname[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 class Broker:
-    """One broker. ``await start()`` binds its ports (0 = any free port); ``addr``/``namesrv_addr`` tell where."""
+    """One broker. ``await start()`` binds its ports (0 = any free port); ``addr``/``namesrv_addr``/
+    ``metrics_addr`` are the addresses bound (``0.0.0.0:10911`` when bound to every interface)."""
 
     def __init__(self, config: BrokerConfig):
         self.config = config
@@ -76,7 +84,9 @@ class Broker:
     async def _start_services(self, loop) -> None:
         cfg = self.config
         topics = TopicManager(self.store, cfg.defaultTopicQueueNums, cfg.autoCreateTopicEnable,
-                              len(cfg.delay_levels_ms))
+                              len(cfg.delay_levels_ms), max_topics=cfg.maxAutoCreatedTopics,
+                              auto_create_groups=cfg.autoCreateSubscriptionGroup,
+                              max_groups=cfg.maxAutoCreatedSubscriptionGroups)
         topics.load()
         offsets = ConsumerOffsetManager(self.store)
         offsets.load()
@@ -88,16 +98,18 @@ class Broker:
         ctx.transactions = TransactionStates(ctx)
         ctx.check_back = CheckBackService(ctx, ctx.transactions)
 
-        validator = AccessValidator(load_accounts(cfg.aclConfigFile) if cfg.aclEnable else None)
+        validator = ctx.acl = AccessValidator(load_accounts(cfg.aclConfigFile) if cfg.aclEnable else None)
         self.dispatcher.authorize = validator.check
         tls = self._tls_context()
+        if not cfg.brokerIP1 and ":" in cfg.bindAddress and cfg.bindAddress not in WILDCARDS:
+            raise ConfigError(f"bindAddress {cfg.bindAddress} is one IPv6 address: set brokerIP1 to the IPv4 address "
+                              f"clients reach the broker at (message ids and routes carry an IPv4 address)")
         # The broker port must be known before anything is stored: it is part of every record's store host.
-        server = await loop.create_server(self._protocol_factory(self.dispatcher, self.connections),
-                                          cfg.bindAddress, cfg.listenPort, reuse_address=True, ssl=tls)
-        self.servers.append(server)
+        server = await self._listen(loop, self._protocol_factory(self.dispatcher, self.connections),
+                                    cfg.listenPort, tls)
         self.port = server.sockets[0].getsockname()[1]
         ctx.store_host = ctx.broker_addr = f"{cfg.advertised_ip}:{self.port}"
-        self.addr = f"{self._local_ip()}:{self.port}"
+        self.addr = format_address(server.sockets[0].getsockname())
 
         for processor in (SendProcessor(ctx), PullProcessor(ctx), OffsetProcessor(ctx), ClientManageProcessor(ctx),
                           AdminProcessor(ctx), EndTransactionProcessor(ctx), InspectProcessor(ctx)):
@@ -123,17 +135,20 @@ class Broker:
             task.start()
 
         if cfg.namesrvListenPort >= 0:
-            ns = await loop.create_server(self._protocol_factory(self.namesrv_dispatcher, self.namesrv_connections),
-                                          cfg.bindAddress, cfg.namesrvListenPort, reuse_address=True, ssl=tls)
-            self.servers.append(ns)
+            ns = await self._listen(loop, self._protocol_factory(self.namesrv_dispatcher, self.namesrv_connections),
+                                    cfg.namesrvListenPort, tls)
             self.namesrv_port = ns.sockets[0].getsockname()[1]
-            self.namesrv_addr = f"{self._local_ip()}:{self.namesrv_port}"
+            self.namesrv_addr = format_address(ns.sockets[0].getsockname())
         if cfg.metricsPromExporterPort >= 0:
-            self.metrics_port = ctx.metrics.serve(cfg.bindAddress, cfg.metricsPromExporterPort)
-            self.metrics_addr = f"{self._local_ip()}:{self.metrics_port}"
+            bound = ctx.metrics.serve(cfg.metricsPromExporterHost or cfg.bindAddress, cfg.metricsPromExporterPort)
+            self.metrics_port = bound[1]
+            self.metrics_addr = format_address(bound)
         log.info("effective configuration: %s", " ".join(f"{k}={v}" for k, v in cfg.as_dict().items()))
-        log.info("listening: broker %s namesrv %s metrics %s", self.addr, self.namesrv_addr or "-",
-                 self.metrics_addr or "-")
+        log.info("listening: broker %s namesrv %s metrics %s; routes and message ids advertise %s",
+                 self.addr, self.namesrv_addr or "-", self.metrics_addr or "-", ctx.broker_addr)
+        if not cfg.brokerIP1 and cfg.bindAddress in WILDCARDS:
+            log.warning("bound to every interface but brokerIP1 is not set: routes advertise %s, which only "
+                        "clients on this host can reach", ctx.broker_addr)
 
     def _tls_context(self) -> ssl.SSLContext | None:
         cfg = self.config
@@ -148,9 +163,17 @@ class Broker:
             raise ConfigError(f"tlsServerCertPath/tlsServerKeyPath: cannot load: {exc}") from None
         return context
 
-    def _local_ip(self) -> str:
-        bind = self.config.bindAddress
-        return "127.0.0.1" if bind in ("0.0.0.0", "::", "") else bind
+    async def _listen(self, loop, factory, port: int, tls) -> asyncio.base_events.Server:
+        """Listen on bindAddress. ``::`` is dual stack (IPv4 and IPv6 on one port): asyncio alone would make it
+        IPv6-only (it sets IPV6_V6ONLY), so that socket is made here."""
+        host = self.config.bindAddress
+        if host == "::" and socket.has_dualstack_ipv6():
+            sock = socket.create_server(("::", port), family=socket.AF_INET6, dualstack_ipv6=True, backlog=1024)
+            server = await loop.create_server(factory, sock=sock, ssl=tls)
+        else:
+            server = await loop.create_server(factory, host, port, reuse_address=True, ssl=tls)
+        self.servers.append(server)
+        return server
 
     def _protocol_factory(self, dispatcher: Dispatcher, connections: ConnectionSet):
         cfg = self.config
@@ -190,6 +213,7 @@ class Broker:
                     log.exception("could not persist consumer offsets at shutdown")
             if self.ctx is not None:
                 self.ctx.metrics.close()
+                self.ctx.consumers.close()
             self.connections.close_all()
             self.namesrv_connections.close_all()
             for server in self.servers:

@@ -1,4 +1,19 @@
-"""Topic configurations: system topics, auto-creation and persistence. Name rules live in names.py."""
+"""Topic configurations: system topics, auto-creation and its quotas, persistence. Name rules live in names.py.
+
+What a client can bring into existence, and how much of it:
+
+- a topic it sends to, when ``autoCreateTopicEnable`` and while the broker holds fewer than
+  ``maxAutoCreatedTopics`` user topics (admin-created ones count too; an admin can always create more);
+- a subscription group, i.e. the group's ``%RETRY%`` topic (the broker keeps no other per-group record, so the
+  retry topic *is* the group's existence, as RocketMQ's heartbeat creates it through the subscription group):
+  created on a heartbeat or a send-back when ``autoCreateSubscriptionGroup`` and while fewer than
+  ``maxAutoCreatedSubscriptionGroups`` groups exist. A heartbeat beyond that still registers the consumer (its
+  send-backs answer SUBSCRIPTION_GROUP_NOT_EXIST, as RocketMQ's do);
+- a group's ``%DLQ%`` topic, only for a group that exists;
+- a send that *names* a ``%RETRY%`` topic creates it only when ``autoCreateTopicEnable`` as well: with it off, no
+  topic a client names comes into existence (retry topics then come only from the group rule above, and a DLQ
+  only for a group that exists).
+"""
 from __future__ import annotations
 
 import logging
@@ -52,10 +67,15 @@ class TopicConfig:
 class TopicManager:
     """In-memory view of the topic table, written through to the store."""
 
-    def __init__(self, store, default_queue_nums: int, auto_create: bool, delay_levels: int):
+    def __init__(self, store, default_queue_nums: int, auto_create: bool, delay_levels: int,
+                 max_topics: int = 1000, auto_create_groups: bool = True, max_groups: int = 1000):
         self.store = store
         self.auto_create = auto_create
+        self.max_topics = max_topics
+        self.auto_create_groups = auto_create_groups
+        self.max_groups = max_groups
         self.topics: dict[str, TopicConfig] = {}
+        self._counts = {_USER: 0, _GROUP: 0, _DLQ: 0}  # topics held, by _kind
         self._system = {
             DEFAULT_TOPIC: TopicConfig(DEFAULT_TOPIC, default_queue_nums, default_queue_nums,
                                        Perm.READ | Perm.WRITE | (Perm.INHERIT if auto_create else 0)),
@@ -69,8 +89,24 @@ class TopicManager:
 
     def load(self) -> None:
         for name, raw in self.store.topics().items():
-            self.topics[name] = TopicConfig(**raw)
-        self.topics.update(self._system)
+            self._add(TopicConfig(**raw))
+        for config in self._system.values():
+            self._add(config)
+
+    def _add(self, config: TopicConfig) -> None:
+        if config.name not in self.topics:
+            kind = _kind(config.name)
+            if kind is not None:
+                self._counts[kind] += 1
+        self.topics[config.name] = config
+
+    @property
+    def user_topic_count(self) -> int:
+        return self._counts[_USER]
+
+    @property
+    def group_count(self) -> int:
+        return self._counts[_GROUP]
 
     def get(self, name: str) -> TopicConfig | None:
         return self.topics.get(name)
@@ -83,7 +119,7 @@ class TopicManager:
         """
         # Retry and DLQ topics are named after a client's group: checked here as well, whoever asks for one.
         validate_topic_name(config.name)
-        self.topics[config.name] = config
+        self._add(config)
         await self.store.submit(PutTopic(config.name, asdict(config)))
 
     async def delete(self, name: str) -> bool:
@@ -91,6 +127,9 @@ class TopicManager:
             raise BrokerError(ResponseCode.SYSTEM_ERROR, f"The topic[{name}] is conflict with system topic.")
         if self.topics.pop(name, None) is None:
             return False
+        kind = _kind(name)
+        if kind is not None:
+            self._counts[kind] -= 1
         await self.store.submit(DeleteTopic(name))
         return True
 
@@ -103,12 +142,22 @@ class TopicManager:
         config = self.topics.get(name)
         if config is not None:
             return config
-        if name.startswith(RETRY_PREFIX) or name.startswith(DLQ_PREFIX):
-            return await self.ensure_single_queue(name)
+        if name.startswith(DLQ_PREFIX):
+            # Where a retry send past its last reconsume goes: an existing group's, bounded by the group quota.
+            return await self.ensure_dlq(name[len(DLQ_PREFIX):], ResponseCode.TOPIC_NOT_EXIST)
+        if not self.auto_create:
+            raise BrokerError(ResponseCode.TOPIC_NOT_EXIST,
+                              f"topic[{name}] not exist, apply first please! (autoCreateTopicEnable=false)")
+        if name.startswith(RETRY_PREFIX):
+            return await self.ensure_group(name[len(RETRY_PREFIX):], ResponseCode.TOPIC_NOT_EXIST)
         template = self.topics.get(default_topic or DEFAULT_TOPIC) or self.topics[DEFAULT_TOPIC]
-        if not (self.auto_create and template.perm & Perm.INHERIT):
+        if not template.perm & Perm.INHERIT:
             raise BrokerError(ResponseCode.TOPIC_NOT_EXIST,
                               f"topic[{name}] not exist, apply first please!")
+        if self.user_topic_count >= self.max_topics:
+            raise BrokerError(ResponseCode.TOPIC_NOT_EXIST,
+                              f"topic[{name}] not exist, and the broker already holds {self.user_topic_count} "
+                              f"topics, the most it creates automatically (maxAutoCreatedTopics)")
         queues = max(1, min(default_queue_nums if default_queue_nums > 0 else template.write_queue_nums,
                             template.write_queue_nums))
         config = TopicConfig(name, queues, queues, template.perm & ~Perm.INHERIT)
@@ -116,13 +165,61 @@ class TopicManager:
         await self.put(config)
         return config
 
-    async def ensure_single_queue(self, name: str) -> TopicConfig:
-        """Retry and DLQ topics: one read/write queue."""
+    def group_exists(self, group: str) -> bool:
+        return RETRY_PREFIX + group in self.topics
+
+    def may_create_group(self) -> bool:
+        return self.auto_create_groups and self.group_count < self.max_groups
+
+    async def ensure_group(self, group: str, code: int = ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST) -> TopicConfig:
+        """The group's retry topic (one queue), creating the group when the quota allows.
+
+        Raises:
+            BrokerError: ``code`` when the group does not exist and may not be created.
+        """
+        name = RETRY_PREFIX + group
         config = self.topics.get(name)
-        if config is None:
-            config = TopicConfig(name, 1, 1)
-            await self.put(config)
+        if config is not None:
+            return config
+        if not self.auto_create_groups:
+            raise BrokerError(code, f"subscription group[{group}] not exist (autoCreateSubscriptionGroup=false)")
+        if self.group_count >= self.max_groups:
+            raise BrokerError(code, f"subscription group[{group}] not exist, and the broker already holds "
+                                    f"{self.group_count} groups, the most it creates automatically "
+                                    f"(maxAutoCreatedSubscriptionGroups)")
+        config = TopicConfig(name, 1, 1)
+        await self.put(config)
+        return config
+
+    async def ensure_dlq(self, group: str, code: int = ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST) -> TopicConfig:
+        """The group's dead-letter topic (one queue): only for a group that exists.
+
+        Raises:
+            BrokerError: ``code`` when the group does not exist.
+        """
+        name = DLQ_PREFIX + group
+        config = self.topics.get(name)
+        if config is not None:
+            return config
+        if not self.group_exists(group):
+            raise BrokerError(code, f"subscription group[{group}] not exist: no dead-letter topic for it")
+        config = TopicConfig(name, 1, 1)
+        await self.put(config)
         return config
 
     def user_topics(self) -> list[str]:
         return sorted(self.topics)
+
+
+_USER, _GROUP, _DLQ = "user", "group", "dlq"
+
+
+def _kind(name: str) -> str | None:
+    """What a topic counts against: a group's retry or DLQ topic, a user topic, or nothing (system topics)."""
+    if name in SYSTEM_TOPICS:
+        return None
+    if name.startswith(RETRY_PREFIX):
+        return _GROUP
+    if name.startswith(DLQ_PREFIX):
+        return _DLQ
+    return _USER

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from enum import Enum
 
 from halfmq.protocol.codes import PullSysFlag, RequestCode, ResponseCode
+from halfmq.protocol.headers import (GroupRequestHeader, PullMessageRequestHeader, QueryConsumerOffsetRequestHeader,
+                                     QueueRequestHeader, SearchOffsetRequestHeader, UpdateConsumerOffsetRequestHeader)
 from halfmq.protocol.message import decode_records
 
 from .errors import error_for
@@ -113,10 +115,10 @@ class PullConsumer:
             sys_flag |= PullSysFlag.SUSPEND
         if commit_offset is not None:
             sys_flag |= PullSysFlag.COMMIT_OFFSET
-        ext = {"consumerGroup": self.group, "topic": queue.topic, "queueId": queue.queue_id, "queueOffset": offset,
-               "maxMsgNums": max_nums, "sysFlag": sys_flag, "commitOffset": commit_offset or 0,
-               "suspendTimeoutMillis": suspend_ms, "subVersion": 0, "subscription": expression or "*",
-               "expressionType": "TAG"}
+        ext = PullMessageRequestHeader(
+            consumerGroup=self.group, topic=queue.topic, queueId=queue.queue_id, queueOffset=offset,
+            maxMsgNums=max_nums, sysFlag=sys_flag, commitOffset=commit_offset or 0, suspendTimeoutMillis=suspend_ms,
+            subVersion=0, subscription=expression or "*", expressionType="TAG").to_ext()
         wait = timeout or (suspend_ms / 1000 + self.request_timeout)
         resp = await self._request(queue, RequestCode.PULL_MESSAGE, ext, wait)
         try:
@@ -129,22 +131,26 @@ class PullConsumer:
 
     async def query_offset(self, queue: MessageQueue) -> int | None:
         """The group's stored offset for ``queue``, or None when the broker has none."""
-        resp = await self._request(queue, RequestCode.QUERY_CONSUMER_OFFSET,
-                                   {"consumerGroup": self.group, "topic": queue.topic, "queueId": queue.queue_id})
+        header = QueryConsumerOffsetRequestHeader(consumerGroup=self.group, topic=queue.topic, queueId=queue.queue_id)
+        resp = await self._request(queue, RequestCode.QUERY_CONSUMER_OFFSET, header.to_ext())
         if resp.code != ResponseCode.SUCCESS:
             return None
         return int(resp.ext_fields["offset"])
 
     async def update_offset(self, queue: MessageQueue, offset: int) -> None:
         """Store the group's offset for ``queue`` (durable when this returns)."""
-        resp = await self._request(queue, RequestCode.UPDATE_CONSUMER_OFFSET,
-                                   {"consumerGroup": self.group, "topic": queue.topic, "queueId": queue.queue_id,
-                                    "commitOffset": offset})
+        header = UpdateConsumerOffsetRequestHeader(consumerGroup=self.group, topic=queue.topic,
+                                                   queueId=queue.queue_id, commitOffset=offset)
+        resp = await self._request(queue, RequestCode.UPDATE_CONSUMER_OFFSET, header.to_ext())
         if resp.code != ResponseCode.SUCCESS:
             raise error_for(resp.code, resp.remark)
 
-    async def _offset(self, queue: MessageQueue, code: int, extra: dict | None = None) -> int:
-        resp = await self._request(queue, code, {"topic": queue.topic, "queueId": queue.queue_id, **(extra or {})})
+    async def _offset(self, queue: MessageQueue, code: int, timestamp: int | None = None) -> int:
+        if timestamp is None:
+            header = QueueRequestHeader(topic=queue.topic, queueId=queue.queue_id)
+        else:
+            header = SearchOffsetRequestHeader(topic=queue.topic, queueId=queue.queue_id, timestamp=timestamp)
+        resp = await self._request(queue, code, header.to_ext())
         if resp.code != ResponseCode.SUCCESS:
             raise error_for(resp.code, resp.remark)
         return int(resp.ext_fields["offset"])
@@ -157,13 +163,14 @@ class PullConsumer:
 
     async def search_offset(self, queue: MessageQueue, timestamp_ms: int) -> int:
         """The first offset stored at or after ``timestamp_ms``."""
-        return await self._offset(queue, RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, {"timestamp": timestamp_ms})
+        return await self._offset(queue, RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, timestamp_ms)
 
     async def consumer_ids(self, topic: str) -> list[str]:
         """Client ids of the live consumers of this group (as the broker of ``topic`` sees them)."""
         route = await self.instance.routes.get(topic)
         conn = await self.instance.pool.get(next(iter(route.broker_addrs.values())))
-        resp = await conn.request(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": self.group},
+        resp = await conn.request(RequestCode.GET_CONSUMER_LIST_BY_GROUP,
+                                  GroupRequestHeader(consumerGroup=self.group).to_ext(),
                                   timeout=self.request_timeout)
         if resp.code != ResponseCode.SUCCESS:
             return []

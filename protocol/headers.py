@@ -3,7 +3,9 @@
 Each header is a frozen, slotted dataclass. ``from_ext`` validates a request's extFields: a missing
 required field or a malformed number raises ``HeaderError`` (answered with SYSTEM_ERROR). ``to_ext``
 renders the header back to string extFields. Field metadata ``key`` gives the wire name when it differs
-from the attribute name (SEND_MESSAGE_V2's one-letter keys).
+from the attribute name (SEND_MESSAGE_V2's one-letter keys). ``RESOURCES`` names the fields that carry the topic
+or group a request acts on: access control (broker/acl.py) reads exactly those keys, the ones the processor
+routes by, so the two cannot disagree about which field names the topic.
 """
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from typing import ClassVar, TypeVar, get_type_hints
 from .errors import HeaderError
 
 T = TypeVar("T", bound="Header")
+#: Resource kinds a header field can name (``Header.RESOURCES`` values).
+TOPIC, GROUP = "topic", "group"
 _INT64 = (-(2 ** 63), 2 ** 63)
 _BOOLS = {"true": True, "false": False}
 
@@ -57,6 +61,16 @@ class Header:
     """Mixin giving dataclass headers their extFields codec."""
 
     _specs: ClassVar[tuple]
+    #: attribute → TOPIC or GROUP: the fields naming the resources the request acts on.
+    RESOURCES: ClassVar[dict[str, str]] = {}
+
+    @classmethod
+    def wire_key(cls, attribute: str) -> str:
+        """The extFields key of ``attribute`` (``b`` for SEND_MESSAGE_V2's topic)."""
+        for name, key, _kind, _required in cls._field_specs():
+            if name == attribute:
+                return key
+        raise KeyError(f"{cls.__name__} has no field {attribute!r}")
 
     @classmethod
     def _field_specs(cls):
@@ -115,6 +129,7 @@ class Header:
 class SendMessageRequestHeader(Header):
     """SEND_MESSAGE (10) with the long names."""
 
+    RESOURCES: ClassVar[dict[str, str]] = {"topic": TOPIC}
     producerGroup: str = req()
     topic: str = req()
     defaultTopic: str = req(default="TBW102")
@@ -135,6 +150,7 @@ class SendMessageRequestHeader(Header):
 class SendMessageRequestHeaderV2(Header):
     """SEND_MESSAGE_V2 (310) and SEND_BATCH_MESSAGE (320): the same fields under one-letter keys."""
 
+    RESOURCES: ClassVar[dict[str, str]] = {"topic": TOPIC}
     producerGroup: str = req("a")
     topic: str = req("b")
     defaultTopic: str = req("c")
@@ -166,6 +182,7 @@ class SendMessageResponseHeader(Header):
 
 @dataclass(slots=True, kw_only=True)
 class PullMessageRequestHeader(Header):
+    RESOURCES: ClassVar[dict[str, str]] = {"topic": TOPIC, "consumerGroup": GROUP}
     consumerGroup: str = req()
     topic: str = req()
     queueId: int = req()
@@ -189,6 +206,7 @@ class PullMessageResponseHeader(Header):
 
 @dataclass(slots=True, kw_only=True)
 class EndTransactionRequestHeader(Header):
+    RESOURCES: ClassVar[dict[str, str]] = {"producerGroup": GROUP}
     producerGroup: str = req()
     tranStateTableOffset: int = req()
     commitLogOffset: int = req()
@@ -211,6 +229,7 @@ class CheckTransactionStateRequestHeader(Header):
 
 @dataclass(slots=True, kw_only=True)
 class QueryConsumerOffsetRequestHeader(Header):
+    RESOURCES: ClassVar[dict[str, str]] = {"topic": TOPIC, "consumerGroup": GROUP}
     consumerGroup: str = req()
     topic: str = req()
     queueId: int = req()
@@ -219,6 +238,7 @@ class QueryConsumerOffsetRequestHeader(Header):
 
 @dataclass(slots=True, kw_only=True)
 class UpdateConsumerOffsetRequestHeader(Header):
+    RESOURCES: ClassVar[dict[str, str]] = {"topic": TOPIC, "consumerGroup": GROUP}
     consumerGroup: str = req()
     topic: str = req()
     queueId: int = req()
@@ -229,12 +249,14 @@ class UpdateConsumerOffsetRequestHeader(Header):
 class QueueRequestHeader(Header):
     """GET_MAX_OFFSET, GET_MIN_OFFSET and GET_EARLIEST_MSG_STORETIME."""
 
+    RESOURCES: ClassVar[dict[str, str]] = {"topic": TOPIC}
     topic: str = req()
     queueId: int = req()
 
 
 @dataclass(slots=True, kw_only=True)
 class SearchOffsetRequestHeader(Header):
+    RESOURCES: ClassVar[dict[str, str]] = {"topic": TOPIC}
     topic: str = req()
     queueId: int = req()
     timestamp: int = req()
@@ -258,6 +280,7 @@ class ViewMessageRequestHeader(Header):
 
 @dataclass(slots=True, kw_only=True)
 class UnregisterClientRequestHeader(Header):
+    RESOURCES: ClassVar[dict[str, str]] = {"producerGroup": GROUP, "consumerGroup": GROUP}
     clientID: str = req()
     producerGroup: str | None = opt()
     consumerGroup: str | None = opt()
@@ -265,6 +288,7 @@ class UnregisterClientRequestHeader(Header):
 
 @dataclass(slots=True, kw_only=True)
 class ConsumerSendMsgBackRequestHeader(Header):
+    RESOURCES: ClassVar[dict[str, str]] = {"group": GROUP}
     offset: int = req()
     group: str = req()
     delayLevel: int = req()
@@ -278,6 +302,7 @@ class ConsumerSendMsgBackRequestHeader(Header):
 class GroupRequestHeader(Header):
     """GET_CONSUMER_LIST_BY_GROUP and NOTIFY_CONSUMER_IDS_CHANGED."""
 
+    RESOURCES: ClassVar[dict[str, str]] = {"consumerGroup": GROUP}
     consumerGroup: str = req()
 
 
@@ -285,6 +310,7 @@ class GroupRequestHeader(Header):
 class TopicRequestHeader(Header):
     """GET_ROUTEINFO_BY_TOPIC, DELETE_TOPIC_IN_BROKER."""
 
+    RESOURCES: ClassVar[dict[str, str]] = {"topic": TOPIC}
     topic: str = req()
 
 
@@ -309,6 +335,7 @@ class ResumeCheckHalfMessageRequestHeader(Header):
 class QueryMessageRequestHeader(Header):
     """QUERY_MESSAGE (12): messages of a topic by key."""
 
+    RESOURCES: ClassVar[dict[str, str]] = {"topic": TOPIC}
     topic: str = req()
     key: str = req()
     maxNum: int = req()
@@ -320,12 +347,14 @@ class QueryMessageRequestHeader(Header):
 class ConnectionListRequestHeader(Header):
     """GET_PRODUCER_CONNECTION_LIST (204) uses producerGroup; GET_CONSUMER_CONNECTION_LIST (203) consumerGroup."""
 
+    RESOURCES: ClassVar[dict[str, str]] = {"producerGroup": GROUP, "consumerGroup": GROUP}
     producerGroup: str | None = opt()
     consumerGroup: str | None = opt()
 
 
 @dataclass(slots=True, kw_only=True)
 class ConsumeStatsRequestHeader(Header):
+    RESOURCES: ClassVar[dict[str, str]] = {"consumerGroup": GROUP, "topic": TOPIC}
     consumerGroup: str = req()
     topic: str | None = opt()
 

@@ -65,6 +65,8 @@ class AdminProcessor:
         offset = ViewMessageRequestHeader.from_ext(cmd.ext_fields).offset
         raw = self.ctx.store.read_record(offset) if offset >= 0 else None
         # A half message is not a message of its real topic until it is committed: never show it here.
-        if raw is None or decode_record(raw).topic == HALF_TOPIC:
+        topic = decode_record(raw).topic if raw is not None else None
+        if topic is None or topic == HALF_TOPIC:
             raise BrokerError(ResponseCode.SYSTEM_ERROR, f"can not find message by the offset, {offset}")
+        self.ctx.acl.check_record(channel, cmd, topic)
         return cmd.response(ResponseCode.SUCCESS, body=raw)

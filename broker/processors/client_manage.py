@@ -10,7 +10,7 @@ from halfmq.protocol.headers import GroupRequestHeader, UnregisterClientRequestH
 
 from ..context import BrokerContext
 from ..errors import BrokerError
-from ..names import RETRY_PREFIX, check_client_id, check_group, check_topic
+from ..names import check_client_id, check_group, check_topic
 from ..services.clients import ClientInfo, parse_subscription
 
 LOCK_LEASE_S = 60.0
@@ -68,8 +68,12 @@ class ClientManageProcessor:
         producers = [check_group(item.get("groupName"), "producerDataSet.groupName")
                      for item in _list_of_dicts(data, "producerDataSet")]
         channel.client_id = client_id
+        topics = self.ctx.topics
         for group, _item, _subs in consumers:
-            await self.ctx.topics.ensure_single_queue(RETRY_PREFIX + group)
+            # The group's retry topic is the group (topics.py): created while the group quota allows, else the
+            # consumer is registered all the same, as RocketMQ's heartbeat does for an unknown group.
+            if not topics.group_exists(group) and topics.may_create_group():
+                await topics.ensure_group(group)
         now = time.monotonic()
         for group, item, subs in consumers:
             info = ClientInfo(client_id, channel, cmd.language, cmd.version, now)
@@ -98,7 +102,7 @@ class ClientManageProcessor:
             raise BrokerError(ResponseCode.SYSTEM_ERROR, f"no consumer for this group, {h.consumerGroup}")
         return cmd.response(ResponseCode.SUCCESS, body=json.dumps({"consumerIdList": ids}).encode())
 
-    def _mq_request(self, cmd: RemotingCommand) -> tuple[str, str, list[dict]]:
+    def _mq_request(self, channel, cmd: RemotingCommand) -> tuple[str, str, list[dict]]:
         data = parse_json_body(cmd)
         group = check_group(data.get("consumerGroup"), "consumerGroup")
         client_id = check_client_id(data.get("clientId"), "clientId")
@@ -107,10 +111,16 @@ class ClientManageProcessor:
             check_topic(mq.get("topic"), "mqSet.topic")
             if not isinstance(mq.get("queueId"), int):
                 raise BrokerError(ResponseCode.SYSTEM_ERROR, "each mqSet entry needs a topic and a queueId")
+        # A lock is held for a client id, and the body names it: only the id this connection's own heartbeat
+        # registered may be used, or one client could take or release another's queues (orderly consumption).
+        if client_id != channel.client_id:
+            raise BrokerError(ResponseCode.NO_PERMISSION,
+                              f"clientId {client_id} is not the client of this connection "
+                              f"({channel.client_id or 'no heartbeat yet'}): queues are locked for oneself only")
         return group, client_id, mqs
 
     def lock(self, channel, cmd: RemotingCommand) -> RemotingCommand:
-        group, client_id, mqs = self._mq_request(cmd)
+        group, client_id, mqs = self._mq_request(channel, cmd)
         now = time.monotonic()
         granted = []
         for mq in mqs:
@@ -122,7 +132,7 @@ class ClientManageProcessor:
         return cmd.response(ResponseCode.SUCCESS, body=json.dumps({"lockOKMQSet": granted}).encode())
 
     def unlock(self, channel, cmd: RemotingCommand) -> RemotingCommand:
-        group, client_id, mqs = self._mq_request(cmd)
+        group, client_id, mqs = self._mq_request(channel, cmd)
         for mq in mqs:
             key = (group, mq["topic"], mq["queueId"])
             if self.locks.get(key, ("",))[0] == client_id:

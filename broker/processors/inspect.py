@@ -13,7 +13,7 @@ from halfmq.protocol.headers import (
     HalfStatusRequestHeader,
     QueryMessageRequestHeader,
 )
-from halfmq.protocol.message import create_offset_msg_id
+from halfmq.protocol.message import create_offset_msg_id, decode_record
 
 from ..context import BrokerContext, now_ms
 from ..errors import BrokerError
@@ -45,7 +45,10 @@ class InspectProcessor:
         # Both form the key index's lookup prefix, which LMDB refuses beyond its key size.
         check_topic(h.topic, "topic")
         check_message_key(h.key, "key", ResponseCode.SYSTEM_ERROR)
-        records = self.ctx.store.messages_by_key(h.topic, h.key, max(1, min(h.maxNum, 64)))
+        self.ctx.acl.check_record(channel, cmd, h.topic)
+        # Only records that are the topic's own: the access check above was for that topic, nothing else.
+        records = [raw for raw in self.ctx.store.messages_by_key(h.topic, h.key, max(1, min(h.maxNum, 64)))
+                   if decode_record(raw).topic == h.topic]
         if not records:
             raise BrokerError(ResponseCode.QUERY_NOT_FOUND, f"no message of topic {h.topic} with key {h.key}")
         return cmd.response(ResponseCode.SUCCESS, ext_fields={"indexLastUpdateTimestamp": str(now_ms()),

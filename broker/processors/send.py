@@ -22,7 +22,7 @@ from ..context import BrokerContext
 from ..dispatch import Deferred
 from ..errors import BrokerError
 from ..names import check_group, check_message
-from ..topics import DLQ_PREFIX, RETRY_PREFIX, SCHEDULE_TOPIC, SEND_FORBIDDEN, validate_topic_name
+from ..topics import DLQ_PREFIX, RETRY_PREFIX, SCHEDULE_TOPIC, SEND_FORBIDDEN, SYSTEM_TOPICS, validate_topic_name
 
 DEFAULT_MAX_RECONSUME_TIMES = 16
 _EXTRA = {"MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
@@ -217,16 +217,20 @@ class SendProcessor:
         if raw is None:
             raise BrokerError(ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {header.offset}")
         rec = decode_record(raw)
+        ctx.acl.check_record(channel, cmd, rec.topic)
+        _check_consumable(rec, header.offset)
         props = dict(rec.properties)
         props.setdefault(P.RETRY_TOPIC, rec.topic)
         max_times = header.maxReconsumeTimes
         if max_times is None or max_times < 0 or cmd.version < 121:
             max_times = DEFAULT_MAX_RECONSUME_TIMES
+        # The copy goes to the group's own topics: the group must exist or be allowed to (topics.py quotas).
+        retry = await ctx.topics.ensure_group(header.group)
         if rec.reconsume_times >= max_times or header.delayLevel < 0:
-            target = await ctx.topics.ensure_single_queue(DLQ_PREFIX + header.group)
+            target = await ctx.topics.ensure_dlq(header.group)
             props.pop(P.DELAY, None)
         else:
-            target = await ctx.topics.ensure_single_queue(RETRY_PREFIX + header.group)
+            target = retry
             level = header.delayLevel or 3 + rec.reconsume_times
             props[P.DELAY] = str(level)
         props.setdefault(P.ORIGIN_MESSAGE_ID, header.originMsgId or rec.msg_id)
@@ -238,6 +242,22 @@ class SendProcessor:
                             reconsume_times=rec.reconsume_times + 1, properties=props)
         await ctx.store.submit(PutMessage(self.delayed_or_plain(new)))
         return cmd.response(ResponseCode.SUCCESS)
+
+
+def _check_consumable(rec: MessageRecord, offset: int) -> None:
+    """Only what a consumer could have been served is sent back: a committed or plain message of a user topic.
+
+    A half (pending, rolled back or discarded: it stays in the half topic or TRANS_CHECK_MAX_TIME_TOPIC), an
+    op record or a delayed message's schedule copy would otherwise become readable in a retry or DLQ topic.
+
+    Raises:
+        BrokerError: MESSAGE_ILLEGAL.
+    """
+    tx_type = rec.sys_flag & SysFlag.TRANSACTION_MASK
+    if rec.topic in SYSTEM_TOPICS or tx_type not in (SysFlag.TRANSACTION_NOT_TYPE, SysFlag.TRANSACTION_COMMIT_TYPE):
+        raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
+                          f"the record at offset {offset} is not a consumable message: only committed messages of a "
+                          f"user topic can be sent back")
 
 
 def _delay_level(props: dict[str, str]) -> int:

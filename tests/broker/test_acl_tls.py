@@ -25,6 +25,8 @@ accounts:
     topicPerms:
       - Allowed=PUB|SUB
       - ReadOnly=SUB
+    groupPerms:
+      - PG=PUB|SUB
 """
 
 

@@ -133,17 +133,37 @@ async def test_delayed_message_is_delivered_after_its_level(broker_factory):
 
 
 async def test_lock_and_unlock_queues(broker):
-    c = await RawClient.connect(broker.addr)
+    a, b = await RawClient.connect(broker.addr), await RawClient.connect(broker.addr)
+    await a.heartbeat("a", consumer_groups={"G": {"T": "*"}})
+    await b.heartbeat("b", consumer_groups={"G": {"T": "*"}})
     mq = {"topic": "T", "brokerName": "broker-a", "queueId": 0}
     body = lambda cid: json.dumps({"consumerGroup": "G", "clientId": cid, "mqSet": [mq]}).encode()  # noqa: E731
-    r = await c.request(RequestCode.LOCK_BATCH_MQ, body=body("a"))
+    r = await a.request(RequestCode.LOCK_BATCH_MQ, body=body("a"))
     assert json.loads(r.body)["lockOKMQSet"] == [mq]
-    r = await c.request(RequestCode.LOCK_BATCH_MQ, body=body("b"))
+    r = await b.request(RequestCode.LOCK_BATCH_MQ, body=body("b"))
     assert json.loads(r.body)["lockOKMQSet"] == []
-    await c.request(RequestCode.UNLOCK_BATCH_MQ, body=body("a"))
-    r = await c.request(RequestCode.LOCK_BATCH_MQ, body=body("b"))
+    await a.request(RequestCode.UNLOCK_BATCH_MQ, body=body("a"))
+    r = await b.request(RequestCode.LOCK_BATCH_MQ, body=body("b"))
     assert json.loads(r.body)["lockOKMQSet"] == [mq]
-    c.close()
+    a.close()
+    b.close()
+
+
+async def test_a_client_cannot_lock_or_unlock_for_another_client_id(broker):
+    """Attack: UNLOCK then LOCK naming the holder's clientId stole orderly consumption of its queues."""
+    owner, thief = await RawClient.connect(broker.addr), await RawClient.connect(broker.addr)
+    await owner.heartbeat("owner", consumer_groups={"G": {"T": "*"}})
+    await thief.heartbeat("thief", consumer_groups={"G": {"T": "*"}})
+    mq = {"topic": "T", "brokerName": "broker-a", "queueId": 0}
+    body = lambda cid: json.dumps({"consumerGroup": "G", "clientId": cid, "mqSet": [mq]}).encode()  # noqa: E731
+    assert json.loads((await owner.request(RequestCode.LOCK_BATCH_MQ, body=body("owner"))).body)["lockOKMQSet"]
+    for code in (RequestCode.UNLOCK_BATCH_MQ, RequestCode.LOCK_BATCH_MQ):
+        r = await thief.request(code, body=body("owner"))
+        assert r.code == ResponseCode.NO_PERMISSION and "clientId owner" in r.remark, r.remark
+    r = await thief.request(RequestCode.LOCK_BATCH_MQ, body=body("thief"))
+    assert json.loads(r.body)["lockOKMQSet"] == []  # the owner still holds it
+    owner.close()
+    thief.close()
 
 
 async def test_topic_admin(broker):
