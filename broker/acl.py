@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from halfmq.protocol import properties as P
 from halfmq.protocol.codes import ADMIN_REQUEST_CODES, RequestCode, ResponseCode
 from halfmq.protocol.headers import (
     GROUP,
@@ -50,6 +51,7 @@ from halfmq.protocol.headers import (
     UpdateConsumerOffsetRequestHeader,
     ViewMessageRequestHeader,
 )
+from halfmq.protocol.properties import decode_properties
 
 from .errors import BrokerError
 from .topics import DLQ_PREFIX, RETRY_PREFIX, SEND_FORBIDDEN
@@ -150,6 +152,7 @@ class Need:
     where: str   # an extFields key, a body path, or RECORD
     perm: int
     header_key: str | None = None  # the extFields key the name is read from, for header needs
+    transactional_only: bool = False  # asked only of a transactional (TRAN_MSG=true) message
 
 
 @dataclass(frozen=True)
@@ -160,12 +163,17 @@ class Rule:
     note: str = ""
 
 
-def _from_header(code: RequestCode, header: type[Header], note: str = "", record: int = 0, **perms: int) -> Rule:
-    """A rule whose names are header fields (attribute=permission), plus SUB on the record read if ``record``."""
+def _from_header(code: RequestCode, header: type[Header], note: str = "", record: int = 0,
+                 tx_group: str | None = None, **perms: int) -> Rule:
+    """A rule whose names are header fields (attribute=permission), plus SUB on the record read if ``record``, plus
+    PUB on the group in attribute ``tx_group`` for a transactional message."""
     needs = []
     for attribute, perm in perms.items():
         key = header.wire_key(attribute)
         needs.append(Need(header.RESOURCES[attribute], f"`{key}`", perm, key))
+    if tx_group:
+        key = header.wire_key(tx_group)
+        needs.append(Need(header.RESOURCES[tx_group], f"`{key}`, for a transactional message", PUB, key, True))
     if record:
         needs.append(Need(TOPIC, RECORD, record))
     return Rule(code, tuple(needs), header, note)
@@ -176,13 +184,16 @@ def _from_body(code: RequestCode, note: str, *needs: Need) -> Rule:
 
 
 C = RequestCode
-_SEND_NOTE = "a %RETRY%G/%DLQ%G topic needs SUB on G"
+_RETRY_NOTE = "a %RETRY%G/%DLQ%G topic needs SUB on G"
+_SEND_NOTE = (_RETRY_NOTE + "; a half message joins its group's transactions (checks of it go to the group's "
+              "producers), so it needs PUB on the group as END_TRANSACTION does")
 #: Every request code the broker serves to clients, but the admin codes and SIGNATURE_ONLY (a test checks that
 #: every code the broker registers is in one of the three).
 RULES: dict[int, Rule] = {rule.code: rule for rule in (
-    _from_header(C.SEND_MESSAGE, SendMessageRequestHeader, _SEND_NOTE, topic=PUB),
-    _from_header(C.SEND_MESSAGE_V2, SendMessageRequestHeaderV2, _SEND_NOTE, topic=PUB),
-    _from_header(C.SEND_BATCH_MESSAGE, SendMessageRequestHeaderV2, _SEND_NOTE, topic=PUB),
+    _from_header(C.SEND_MESSAGE, SendMessageRequestHeader, _SEND_NOTE, tx_group="producerGroup", topic=PUB),
+    _from_header(C.SEND_MESSAGE_V2, SendMessageRequestHeaderV2, _SEND_NOTE, tx_group="producerGroup", topic=PUB),
+    _from_header(C.SEND_BATCH_MESSAGE, SendMessageRequestHeaderV2, _RETRY_NOTE + " (a batch holds no half message)",
+                 topic=PUB),
     _from_header(C.PULL_MESSAGE, PullMessageRequestHeader, "", topic=SUB, consumerGroup=SUB),
     _from_header(C.QUERY_MESSAGE, QueryMessageRequestHeader, "only records of that topic are answered",
                  record=SUB, topic=SUB),
@@ -264,6 +275,14 @@ def _body_resources(code: int, cmd):
             yield TOPIC, str(mq.get("topic", "")), SUB
 
 
+def _transactional(header: type[Header], ext: dict[str, str]) -> bool:
+    """Is this send a half message? The same test as the send processor's (TRAN_MSG=true in its properties)."""
+    text = ext.get(header.wire_key("properties")) or ""
+    if P.TRAN_MSG not in text:  # the common case, without decoding
+        return False
+    return decode_properties(text).get(P.TRAN_MSG) == "true"
+
+
 def owner(kind: str, name: str, perm: int) -> tuple[str, str, int]:
     """The resource whose permission decides: a retry or DLQ topic is its group's, and needs SUB on it."""
     if kind == TOPIC:
@@ -321,6 +340,8 @@ class AccessValidator:
         for need in rule.needs:
             if need.header_key is None:
                 continue  # RECORD: checked by the processor through check_record
+            if need.transactional_only and not _transactional(rule.header, ext):
+                continue
             name = ext.get(need.header_key)
             # An absent field names nothing: an optional one (UNREGISTER_CLIENT's groups) asks for nothing, and a
             # required one is refused by the processor's header class, which reads this very key.

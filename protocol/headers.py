@@ -129,7 +129,7 @@ class Header:
 class SendMessageRequestHeader(Header):
     """SEND_MESSAGE (10) with the long names."""
 
-    RESOURCES: ClassVar[dict[str, str]] = {"topic": TOPIC}
+    RESOURCES: ClassVar[dict[str, str]] = {"topic": TOPIC, "producerGroup": GROUP}
     producerGroup: str = req()
     topic: str = req()
     defaultTopic: str = req(default="TBW102")
@@ -150,7 +150,7 @@ class SendMessageRequestHeader(Header):
 class SendMessageRequestHeaderV2(Header):
     """SEND_MESSAGE_V2 (310) and SEND_BATCH_MESSAGE (320): the same fields under one-letter keys."""
 
-    RESOURCES: ClassVar[dict[str, str]] = {"topic": TOPIC}
+    RESOURCES: ClassVar[dict[str, str]] = {"topic": TOPIC, "producerGroup": GROUP}
     producerGroup: str = req("a")
     topic: str = req("b")
     defaultTopic: str = req("c")

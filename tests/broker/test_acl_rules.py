@@ -114,7 +114,7 @@ async def _request(rule, app: Signed, admin: Signed, deny: int | None):
         if need.where == RECORD:
             record_topic = name
         else:
-            names[need.where] = name
+            names[need.header_key or need.where] = name
     code = rule.code
     if code == RequestCode.HEART_BEAT:
         producer, consumer, topic = (names[n.where] for n in rule.needs)
@@ -124,7 +124,12 @@ async def _request(rule, app: Signed, admin: Signed, deny: int | None):
         assert (await app.heartbeat("c1", [], {"CG": ["Allowed"]})).code == ResponseCode.SUCCESS
         body = {"consumerGroup": group, "clientId": "c1", "mqSet": [{"topic": topic, "brokerName": "b", "queueId": 0}]}
         return await app.request(code, body=json.dumps(body).encode())
-    ext = _header_ext(rule, {where.strip("`"): name for where, name in names.items()})
+    ext = _header_ext(rule, names)
+    if any(need.transactional_only for need in rule.needs):  # a half message, so that every need applies
+        group = names[rule.header.wire_key("producerGroup")]
+        ext[rule.header.wire_key("properties")] = encode_properties(
+            {P.UNIQ_KEY: _uniq.next(), P.TRAN_MSG: "true", P.PGROUP: group})
+        ext[rule.header.wire_key("sysFlag")] = str(SysFlag.TRANSACTION_PREPARED_TYPE)
     if code == RequestCode.QUERY_MESSAGE:
         await admin.send(ext["topic"], props={P.KEYS: "K"})
         ext.update(key="K", maxNum=4, endTimestamp=2 ** 62)
@@ -213,3 +218,17 @@ async def test_a_heartbeat_cannot_join_another_producer_group(acl_broker, client
     assert "Victim" not in acl_broker.ctx.producers.groups and "CG" not in acl_broker.ctx.consumers.groups
     assert (await app.heartbeat("app", producers=["PG"])).code == ResponseCode.SUCCESS
     assert list(acl_broker.ctx.producers.groups) == ["PG"]
+
+
+async def test_a_half_message_cannot_join_another_groups_transactions(acl_broker, clients):
+    """A half's checks go to its group's producers, and its sender is checked first: sending one needs PUB on
+    the group, as deciding it (END_TRANSACTION) does."""
+    app, _admin = clients
+    props = {P.UNIQ_KEY: _uniq.next(), P.TRAN_MSG: "true", P.PGROUP: "CG"}
+    header = SendMessageRequestHeaderV2(producerGroup="CG", topic="Allowed", defaultTopic="TBW102",
+                                        defaultTopicQueueNums=4, queueId=0, sysFlag=SysFlag.TRANSACTION_PREPARED_TYPE,
+                                        bornTimestamp=1, flag=0, properties=encode_properties(props))
+    r = await app.request(RequestCode.SEND_MESSAGE_V2, header.to_ext(), b"half")
+    assert r.code == ResponseCode.NO_PERMISSION and "group CG" in r.remark, r.remark
+    assert acl_broker.store.pending_halves_count() == 0
+    await app.send("Allowed", b"plain", group="CG")  # succeeds: a plain message does not name the group's rights
