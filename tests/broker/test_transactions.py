@@ -208,7 +208,9 @@ async def test_immunity_time_delays_the_first_check(broker_factory):
 
 async def test_pending_halves_survive_restart_and_decided_ones_are_never_checked(broker_factory, tmp_path):
     store = tmp_path / "s"
-    broker = await broker_factory(store_dir=store, transactionTimeOut=10, transactionCheckInterval=3_600_000)
+    # The first check is due a second after the halves: their producer has closed by then, so the check finds no
+    # live producer (with 10 ms, a busy machine could run the pass first and deliver it to the closing sender).
+    broker = await broker_factory(store_dir=store, transactionTimeOut=1000, transactionCheckInterval=3_600_000)
     c = await RawClient.connect(broker.addr)
     passed = wait_for_pass(broker)
     _r1, pending = await send_half(c, body=b"pending")
