@@ -54,12 +54,15 @@ class WriteContext:
 
     def check_message(self, req: PutRequest) -> None:
         """Raises InvalidWriteError when ``req`` cannot be stored whole."""
-        if req.topic not in self.counters.topic_ids:  # a known topic was checked when it got its id
-            self.check_key(req.topic.encode(), f"the topic name {req.topic[:40]!r}")
-        if req.keys:
-            topic = req.topic.encode()
-            for key in req.keys.split():
-                self.check_key(_key_index_key(topic, key, 0), f"the KEYS entry {key[:40]!r}")
+        self._check_names(req.topic, req.keys)
+
+    def _check_names(self, topic: str, keys: str | None) -> None:
+        if topic not in self.counters.topic_ids:  # a known topic was checked when it got its id
+            self.check_key(topic.encode(), f"the topic name {topic[:40]!r}")
+        if keys:
+            encoded = topic.encode()
+            for key in keys.split():
+                self.check_key(_key_index_key(encoded, key, 0), f"the KEYS entry {key[:40]!r}")
 
     # --- writes ---
     def flush(self) -> None:
@@ -81,30 +84,34 @@ class WriteContext:
 
     def put_message(self, req: PutRequest) -> PutResult:
         """Store one record (checked first: it writes nothing when it raises)."""
-        self.check_message(req)
+        return self.put_fields(req.topic, req.queue_id, req.record, req.tags_code, req.index, req.keys)
+
+    def put_fields(self, topic: str, queue_id: int, record: bytearray, tags_code: int, index: bool,
+                   keys: str | None) -> PutResult:
+        """put_message of a request given field by field (a send's wire form, see ops.PutMessage)."""
+        self._check_names(topic, keys)
         self.writes += 1
         counters = self.counters
         physical = counters.next_physical
         queue_offset = 0
-        if req.index:
-            key = (req.topic, req.queue_id)
+        if index:
+            key = (topic, queue_id)
             queue_offset = counters.queue_max.get(key, 0)
-        record = req.record
         stamp_record(record, queue_offset, physical, self.now_ms)
         size = len(record)
         if not self._records:
             self._first_buffered = physical
         self._records.append((U64.pack(physical), record))
-        if req.index:
-            tid = self._topic_id(req.topic)
-            self._entries.append((QUEUE_KEY.pack(tid, req.queue_id, queue_offset),
-                                  CQ_VALUE.pack(physical, size, req.tags_code, self.now_ms)))
+        if index:
+            tid = self._topic_id(topic)
+            self._entries.append((QUEUE_KEY.pack(tid, queue_id, queue_offset),
+                                  CQ_VALUE.pack(physical, size, tags_code, self.now_ms)))
             counters.queue_max[key] = queue_offset + 1
             self.grown[key] = queue_offset + 1
-        if req.keys:
-            keys_db, topic = self.dbs["keys"], req.topic.encode()
-            for key in req.keys.split():
-                self.txn.put(_key_index_key(topic, key, physical), b"", db=keys_db)
+        if keys:
+            keys_db, encoded = self.dbs["keys"], topic.encode()
+            for key in keys.split():
+                self.txn.put(_key_index_key(encoded, key, physical), b"", db=keys_db)
         counters.next_physical = physical + size
         return PutResult(physical, queue_offset, self.now_ms, size)
 

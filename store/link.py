@@ -19,6 +19,7 @@ import time
 from typing import Callable
 
 from .errors import CorruptStoreError, StoreUnavailableError
+from .ops import PutMessage
 from .writer import FRAME, take_messages
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,8 @@ class WriterLink:
         group = _Group(self.next_gid, ops, completions)
         self.next_gid += 1
         self.waiting.append(group)
-        payload = pickle.dumps(("group", group.gid, ops), protocol=pickle.HIGHEST_PROTOCOL)
+        wire = [op.wire() if type(op) is PutMessage else op for op in ops]
+        payload = pickle.dumps(("group", group.gid, wire), protocol=pickle.HIGHEST_PROTOCOL)
         self.transport.writelines((FRAME.pack(len(payload)), payload))  # no copy of the payload to prefix it
 
     # --- from the writer ---

@@ -136,7 +136,8 @@ class GroupWriter:
                 continue
             before = wctx.writes
             try:
-                outcomes[index] = (True, op.apply(wctx))
+                # A send arrives as a tuple of its request's fields (ops.PutMessage.wire).
+                outcomes[index] = (True, wctx.put_fields(*op) if type(op) is tuple else op.apply(wctx))
             except lmdb.MapFullError:
                 raise
             except StoreError as exc:
