@@ -33,7 +33,7 @@ from .services.check_back import CheckBackService
 from .services.schedule import ScheduleService
 from .services.transaction import TransactionStates
 from .topics import TopicManager
-from .transport import BrokerProtocol, ConnectionSet
+from .transport import BrokerProtocol, ConnectionLimits, ConnectionSet
 
 log = logging.getLogger(__name__)
 CLIENT_SCAN_INTERVAL_S = 10.0
@@ -98,6 +98,8 @@ class Broker:
         ctx.transactions = TransactionStates(ctx)
         ctx.check_back = CheckBackService(ctx, ctx.transactions)
 
+        # Both listeners bound their connections as configured (memory, requests in progress, partial frames).
+        self.dispatcher.limits = self.namesrv_dispatcher.limits = ConnectionLimits.from_config(cfg)
         validator = ctx.acl = AccessValidator(load_accounts(cfg.aclConfigFile) if cfg.aclEnable else None)
         self.dispatcher.authorize = validator.check
         tls = self._tls_context()

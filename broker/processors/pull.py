@@ -17,7 +17,6 @@ from ..errors import BrokerError
 from ..names import check_group, check_topic
 from ..services.clients import parse_subscription
 from ..services.long_poll import HeldPull
-from ..transport import ConnectionLimits
 
 
 #: Stock clients hold for 15 s (Java) or 20 s (Go); anything longer is capped.
@@ -35,10 +34,6 @@ class PullProcessor:
     def register(self, dispatcher) -> None:
         dispatcher.register(RequestCode.PULL_MESSAGE, self.pull)
         dispatcher.on_channel_closed(self.ctx.long_poll.channel_closed)
-        # The broker listener's connection limits come from the configuration here, where held pulls (one of the
-        # things they bound) are configured too; a listener without a pull processor keeps the defaults.
-        if dispatcher.limits is None:
-            dispatcher.limits = ConnectionLimits.from_config(self.ctx.config)
 
     def pull(self, channel, cmd: RemotingCommand) -> RemotingCommand | None:
         header = PullMessageRequestHeader.from_ext(cmd.ext_fields)
