@@ -103,6 +103,9 @@ class BrokerMetrics:
                                    registry=r)
         self.checks_undeliverable = Counter("halfmq_check_backs_undeliverable",
                                             "Checks due with no live producer of the group", registry=r)
+        self.checks_taken_back = Counter("halfmq_check_backs_taken_back",
+                                         "Checks not counted: their producer had not read them when the half was "
+                                         "due again", registry=r)
         self.discarded = Counter("halfmq_half_messages_discarded",
                                  "Half messages moved to TRANS_CHECK_MAX_TIME_TOPIC", registry=r)
         self.unexpected = Counter("halfmq_check_backs_unexpected",
@@ -171,9 +174,10 @@ class BrokerMetrics:
     def decision_conflict(self, group: str) -> None:
         self.conflicts.labels(self.group_label(group)).inc()
 
-    def check_pass_done(self, sent: int, undeliverable: int, seconds: float) -> None:
+    def check_pass_done(self, sent: int, undeliverable: int, taken_back: int, seconds: float) -> None:
         self.checks_sent.inc(sent)
         self.checks_undeliverable.inc(undeliverable)
+        self.checks_taken_back.inc(taken_back)
         self.check_pass.observe(seconds)
 
     # --- lifecycle ---

@@ -64,6 +64,7 @@ class InspectProcessor:
                  "storeMapSize": str(stats["map_size"]), "storeGroupCommits": str(stats["total_groups"]),
                  "storeWrites": str(stats["total_ops"]), "pendingHalfMessages": str(ctx.store.pending_halves_count()),
                  "checkBacksSent": str(check.checks_sent), "checkBacksUndeliverable": str(check.checks_undeliverable),
+                 "checkBacksTakenBack": str(check.checks_taken_back),
                  "halfMessagesDiscarded": str(check.discarded),
                  "lastCheckPassMillis": f"{check.last_pass_seconds * 1000:.2f}", "heldPulls": str(ctx.long_poll.count()),
                  "topics": str(len(ctx.topics.topics)), "flushDiskType": ctx.config.flushDiskType}

@@ -123,6 +123,7 @@ class CheckBackService:
     async def run_pass(self) -> int:
         """Check, reschedule or discard every half that is due now. Returns how many were handled."""
         started = time.perf_counter()
+        taken_back_before = self.checks_taken_back
         now = now_ms()
         due = self.store.due_halves(now, PASS_LIMIT)
         if not due:
@@ -166,7 +167,8 @@ class CheckBackService:
                 self.discarded += 1
         self.last_pass_seconds = time.perf_counter() - started
         if metrics is not None:
-            metrics.check_pass_done(len(attempts), len(postponed), self.last_pass_seconds)
+            metrics.check_pass_done(len(attempts), len(postponed), self.checks_taken_back - taken_back_before,
+                                    self.last_pass_seconds)
         return len(due)
 
     def _unconfirmed(self, offset: int):

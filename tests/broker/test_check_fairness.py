@@ -94,6 +94,7 @@ async def test_checks_left_unread_do_not_count(broker_factory):
     assert r.code == ResponseCode.SUCCESS
     checks = [await asyncio.wait_for(c.incoming.get(), 5) for _ in range(3)]  # more checks than transactionCheckMax
     assert broker.ctx.check_back.discarded == 0
+    assert broker.ctx.check_back.checks_taken_back >= 2  # and the operator can see why (runtime info, metrics)
     ext = checks[-1].ext_fields
     done = await c.request(RequestCode.END_TRANSACTION, {
         "producerGroup": GROUP, "tranStateTableOffset": ext["tranStateTableOffset"],
