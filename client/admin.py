@@ -18,6 +18,9 @@ import sys
 from typing import Any
 
 from halfmq.protocol.codes import RequestCode, ResponseCode
+from halfmq.protocol.headers import (ConnectionListRequestHeader, ConsumeStatsRequestHeader, CreateTopicRequestHeader,
+                                     HalfStatusRequestHeader, QueryMessageRequestHeader, QueueRequestHeader,
+                                     ResumeCheckHalfMessageRequestHeader, TopicRequestHeader, ViewMessageRequestHeader)
 from halfmq.protocol.message import decode_offset_msg_id, decode_records
 
 from .errors import ClientError, error_for
@@ -68,44 +71,44 @@ class Admin:
         return [{"topic": t} for t in data.get("topicList", [])]
 
     async def topic_route(self, args):
-        return await self.json_call(self.namesrv, RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": args.topic})
+        return await self.json_call(self.namesrv, RequestCode.GET_ROUTEINFO_BY_TOPIC,
+                                     TopicRequestHeader(topic=args.topic).to_ext())
 
     async def topic_status(self, args):
         route = await self.topic_route(args)
         addr = await self.broker_addr()
         rows = []
         for q in range(max((d["readQueueNums"] for d in route["queueDatas"]), default=0)):
-            ext = {"topic": args.topic, "queueId": q}
+            ext = QueueRequestHeader(topic=args.topic, queueId=q).to_ext()
             low = (await self.call(addr, RequestCode.GET_MIN_OFFSET, ext)).ext_fields["offset"]
             high = (await self.call(addr, RequestCode.GET_MAX_OFFSET, ext)).ext_fields["offset"]
             rows.append({"queueId": q, "minOffset": int(low), "maxOffset": int(high)})
         return rows
 
     async def update_topic(self, args):
-        await self.call(await self.broker_addr(), RequestCode.UPDATE_AND_CREATE_TOPIC, {
-            "topic": args.topic, "defaultTopic": "TBW102", "readQueueNums": args.read_queues,
-            "writeQueueNums": args.write_queues, "perm": args.perm, "topicFilterType": "SINGLE_TAG", "order": "false"})
+        header = CreateTopicRequestHeader(topic=args.topic, readQueueNums=args.read_queues,
+                                          writeQueueNums=args.write_queues, perm=args.perm)
+        await self.call(await self.broker_addr(), RequestCode.UPDATE_AND_CREATE_TOPIC, header.to_ext())
         return {"updated": args.topic}
 
     async def delete_topic(self, args):
-        await self.call(await self.broker_addr(), RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": args.topic})
+        await self.call(await self.broker_addr(), RequestCode.DELETE_TOPIC_IN_BROKER,
+                        TopicRequestHeader(topic=args.topic).to_ext())
         return {"deleted": args.topic}
 
     async def consumer_progress(self, args):
-        ext = {"consumerGroup": args.group}
-        if args.topic:
-            ext["topic"] = args.topic
+        ext = ConsumeStatsRequestHeader(consumerGroup=args.group, topic=args.topic or None).to_ext()
         data = await self.json_call(await self.broker_addr(), RequestCode.GET_CONSUME_STATS, ext)
         return data["offsetTable"]
 
     async def producer_connection(self, args):
         data = await self.json_call(await self.broker_addr(), RequestCode.GET_PRODUCER_CONNECTION_LIST,
-                                    {"producerGroup": args.group})
+                                    ConnectionListRequestHeader(producerGroup=args.group).to_ext())
         return data["connectionSet"]
 
     async def consumer_connection(self, args):
         data = await self.json_call(await self.broker_addr(), RequestCode.GET_CONSUMER_CONNECTION_LIST,
-                                    {"consumerGroup": args.group})
+                                    ConnectionListRequestHeader(consumerGroup=args.group).to_ext())
         return data["connectionSet"]
 
     @staticmethod
@@ -117,12 +120,14 @@ class Admin:
 
     async def query_msg_by_id(self, args):
         _host, offset = decode_offset_msg_id(args.id)
-        resp = await self.call(await self.broker_addr(), RequestCode.VIEW_MESSAGE_BY_ID, {"offset": offset})
+        resp = await self.call(await self.broker_addr(), RequestCode.VIEW_MESSAGE_BY_ID,
+                               ViewMessageRequestHeader(offset=offset).to_ext())
         return self._messages(resp.body)
 
     async def query_msg_by_key(self, args):
-        resp = await self.call(await self.broker_addr(), RequestCode.QUERY_MESSAGE, {
-            "topic": args.topic, "key": args.key, "maxNum": 64, "beginTimestamp": 0, "endTimestamp": 2 ** 62})
+        header = QueryMessageRequestHeader(topic=args.topic, key=args.key, maxNum=64, beginTimestamp=0,
+                                           endTimestamp=2 ** 62)
+        resp = await self.call(await self.broker_addr(), RequestCode.QUERY_MESSAGE, header.to_ext())
         return self._messages(resp.body)
 
     async def broker_status(self, args):
@@ -130,11 +135,12 @@ class Admin:
 
     async def half_status(self, args):
         data = await self.json_call(await self.broker_addr(), RequestCode.HALFMQ_GET_HALF_STATUS,
-                                    {"limit": args.limit})
+                                    HalfStatusRequestHeader(limit=args.limit).to_ext())
         return data["halves"]
 
     async def resume_half(self, args):
-        await self.call(await self.broker_addr(), RequestCode.RESUME_CHECK_HALF_MESSAGE, {"msgId": args.id})
+        await self.call(await self.broker_addr(), RequestCode.RESUME_CHECK_HALF_MESSAGE,
+                        ResumeCheckHalfMessageRequestHeader(msgId=args.id).to_ext())
         return {"resumed": args.id}
 
 

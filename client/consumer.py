@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from enum import Enum
 
 from halfmq.protocol.codes import PullSysFlag, RequestCode, ResponseCode
-from halfmq.protocol.headers import (GroupRequestHeader, PullMessageRequestHeader, QueryConsumerOffsetRequestHeader,
-                                     QueueRequestHeader, SearchOffsetRequestHeader, UpdateConsumerOffsetRequestHeader)
+from halfmq.protocol.headers import (ConsumerSendMsgBackRequestHeader, GroupRequestHeader, PullMessageRequestHeader,
+                                     QueryConsumerOffsetRequestHeader, QueueRequestHeader, SearchOffsetRequestHeader,
+                                     UpdateConsumerOffsetRequestHeader)
 from halfmq.protocol.message import decode_records
 
 from .errors import error_for
@@ -180,10 +181,10 @@ class PullConsumer:
         """Return a message to the broker for later redelivery (via %RETRY%group, %DLQ%group at the end)."""
         route = await self.instance.routes.get(msg.topic)
         conn = await self.instance.pool.get(next(iter(route.broker_addrs.values())))
-        resp = await conn.request(RequestCode.CONSUMER_SEND_MSG_BACK, {
-            "offset": str(msg.physical_offset), "group": self.group, "delayLevel": str(delay_level),
-            "originMsgId": msg.msg_id, "originTopic": msg.topic, "maxReconsumeTimes": str(max_reconsume_times)},
-            timeout=self.request_timeout)
+        header = ConsumerSendMsgBackRequestHeader(
+            offset=msg.physical_offset, group=self.group, delayLevel=delay_level, originMsgId=msg.msg_id,
+            originTopic=msg.topic, maxReconsumeTimes=max_reconsume_times)
+        resp = await conn.request(RequestCode.CONSUMER_SEND_MSG_BACK, header.to_ext(), timeout=self.request_timeout)
         if resp.code != ResponseCode.SUCCESS:
             raise error_for(resp.code, resp.remark)
 

@@ -10,6 +10,7 @@ import uuid
 from typing import Callable
 
 from halfmq.protocol.codes import RequestCode, ResponseCode
+from halfmq.protocol.headers import UnregisterClientRequestHeader
 
 from .errors import error_for
 from .remoting import ConnectionPool, Credentials, RequestHandler
@@ -83,11 +84,8 @@ class ClientInstance:
                 await self.heartbeat_all()
 
     async def unregister(self, producer_group: str | None = None, consumer_group: str | None = None) -> None:
-        ext = {"clientID": self.client_id}
-        if producer_group:
-            ext["producerGroup"] = producer_group
-        if consumer_group:
-            ext["consumerGroup"] = consumer_group
+        ext = UnregisterClientRequestHeader(clientID=self.client_id, producerGroup=producer_group or None,
+                                            consumerGroup=consumer_group or None).to_ext()
         for addr in list(self.brokers):
             try:
                 conn = await self.pool.get(addr)

@@ -8,6 +8,7 @@ import time
 
 from halfmq.protocol import properties as P
 from halfmq.protocol.codes import RequestCode, ResponseCode
+from halfmq.protocol.headers import SendMessageRequestHeaderV2
 from halfmq.protocol.message import BatchItem, UniqKeyGenerator, encode_batch
 from halfmq.protocol.properties import encode_properties
 
@@ -22,6 +23,15 @@ _RETRYABLE = {ResponseCode.TOPIC_NOT_EXIST, ResponseCode.SERVICE_NOT_AVAILABLE, 
 _STATUS = {ResponseCode.SUCCESS: SendStatus.SEND_OK, ResponseCode.FLUSH_DISK_TIMEOUT: SendStatus.FLUSH_DISK_TIMEOUT,
            ResponseCode.FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,
            ResponseCode.SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE}
+# SEND_MESSAGE_V2's wire keys, taken from SendMessageRequestHeaderV2 (the definition the broker decodes and checks
+# access by). Producer._header builds the extFields as a dict literal with these keys rather than through
+# SendMessageRequestHeaderV2(...).to_ext(): python -m timeit measured 3.0 us a header through the class against
+# 0.53 us for the literal, ~5% of a send at bench.py producer's ~20k sends/s. tests/client checks that the literal
+# is exactly what the class renders.
+(_K_GROUP, _K_TOPIC, _K_DEFAULT_TOPIC, _K_QUEUE_NUMS, _K_QUEUE_ID, _K_SYS_FLAG, _K_BORN, _K_FLAG, _K_PROPERTIES,
+ _K_RECONSUME, _K_UNIT_MODE, _K_BATCH) = map(SendMessageRequestHeaderV2.wire_key, (
+    "producerGroup", "topic", "defaultTopic", "defaultTopicQueueNums", "queueId", "sysFlag", "bornTimestamp", "flag",
+    "properties", "reconsumeTimes", "unitMode", "batch"))
 
 
 class Producer:
@@ -70,12 +80,13 @@ class Producer:
 
     def _header(self, msg: Message, queue: MessageQueue, props: dict[str, str], sys_flag: int = 0,
                 batch: bool = False) -> dict[str, str]:
-        # SendMessageRequestHeaderV2's wire keys, built directly: this runs for every message.
-        header = {"a": self.group, "b": queue.topic, "c": "TBW102", "d": "4", "e": str(queue.queue_id),
-                  "f": str(sys_flag), "g": str(int(time.time() * 1000)), "h": str(msg.flag),
-                  "i": encode_properties(props), "j": "0", "k": "false"}
+        # SendMessageRequestHeaderV2 rendered by hand (see _K_GROUP): this runs for every message.
+        header = {_K_GROUP: self.group, _K_TOPIC: queue.topic, _K_DEFAULT_TOPIC: "TBW102", _K_QUEUE_NUMS: "4",
+                  _K_QUEUE_ID: str(queue.queue_id), _K_SYS_FLAG: str(sys_flag),
+                  _K_BORN: str(int(time.time() * 1000)), _K_FLAG: str(msg.flag),
+                  _K_PROPERTIES: encode_properties(props), _K_RECONSUME: "0", _K_UNIT_MODE: "false"}
         if batch:
-            header["m"] = "true"
+            header[_K_BATCH] = "true"
         return header
 
     async def send(self, msg: Message, queue: MessageQueue | None = None) -> SendResult:

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass
 
 from halfmq.protocol.codes import Perm, RequestCode, ResponseCode
+from halfmq.protocol.headers import TopicRequestHeader
 
 from .errors import TopicNotExistError, error_for
 from .message import MessageQueue
@@ -63,7 +64,8 @@ class RouteCache:
         for addr in self.namesrv:
             try:
                 conn = await self.pool.get(addr)
-                resp = await conn.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic}, timeout=self.timeout)
+                resp = await conn.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, TopicRequestHeader(topic=topic).to_ext(),
+                                          timeout=self.timeout)
             except Exception as exc:  # try the next name server
                 last_error = exc
                 continue

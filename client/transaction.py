@@ -19,6 +19,7 @@ from typing import Any, Callable, Protocol
 
 from halfmq.protocol import properties as P
 from halfmq.protocol.codes import RequestCode, ResponseCode, SysFlag
+from halfmq.protocol.headers import EndTransactionRequestHeader
 from halfmq.protocol.message import decode_offset_msg_id, decode_record
 
 from .errors import ClientError
@@ -126,11 +127,12 @@ class TransactionProducer(Producer):
             conn = await self.instance.pool.get(route.addr_of(result.queue.broker_name))
             self._connections[result.queue.broker_name] = conn
         _host, commit_log_offset = decode_offset_msg_id(result.offset_msg_id)
-        conn.oneway(RequestCode.END_TRANSACTION, {
-            "producerGroup": self.group, "tranStateTableOffset": str(result.queue_offset),
-            "commitLogOffset": str(commit_log_offset), "commitOrRollback": str(state.value),
-            "msgId": result.msg_id, "transactionId": result.transaction_id or result.msg_id,
-            "fromTransactionCheck": "false"})
+        # Through the header class (1.8 us against 0.3 us for a dict literal by python -m timeit): once per
+        # transaction, next to a two-way send of the half, so the difference does not show.
+        conn.oneway(RequestCode.END_TRANSACTION, EndTransactionRequestHeader(
+            producerGroup=self.group, tranStateTableOffset=result.queue_offset, commitLogOffset=commit_log_offset,
+            commitOrRollback=state.value, msgId=result.msg_id, transactionId=result.transaction_id or result.msg_id,
+            fromTransactionCheck=False).to_ext())
 
     async def send_message_in_transaction(self, msg: Message, arg: Any = None) -> TransactionSendResult:
         """Send a half message, run the local transaction, and commit or roll back accordingly.
@@ -185,11 +187,11 @@ class TransactionProducer(Producer):
         state = await _call(self.listener.check_local_transaction, msg)
         if not conn.is_open:
             return
-        conn.oneway(RequestCode.END_TRANSACTION, {
-            "producerGroup": self.group, "tranStateTableOffset": ext.get("tranStateTableOffset", "0"),
-            "commitLogOffset": ext.get("commitLogOffset", "0"), "commitOrRollback": str(state.value),
-            "msgId": ext.get("msgId") or msg.uniq_key or "", "transactionId": ext.get("transactionId", ""),
-            "fromTransactionCheck": "true"})
+        conn.oneway(RequestCode.END_TRANSACTION, EndTransactionRequestHeader(
+            producerGroup=self.group, tranStateTableOffset=int(ext.get("tranStateTableOffset", 0)),
+            commitLogOffset=int(ext.get("commitLogOffset", 0)), commitOrRollback=state.value,
+            msgId=ext.get("msgId") or msg.uniq_key or "", transactionId=ext.get("transactionId", ""),
+            fromTransactionCheck=True).to_ext())
 
 
 class TransactionLog:

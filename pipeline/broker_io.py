@@ -16,6 +16,8 @@ from halfmq.client.admin import Admin
 from halfmq.client.consumer import parse_expression
 from halfmq.client.errors import BrokerError
 from halfmq.protocol.codes import RequestCode, ResponseCode
+from halfmq.protocol.headers import (HalfStatusRequestHeader, QueryMessageRequestHeader,
+                                     UpdateConsumerOffsetRequestHeader)
 
 from .records import records_to_batch
 
@@ -162,9 +164,9 @@ def end_halves(namesrv: str, group: str, halves: list[HalfRecord], commit: bool)
             # the decisions before it are durable.
             for conn in producer.instance.pool.open_connections():
                 if conn.addr != producer.instance.routes.namesrv[0]:
-                    await conn.request(RequestCode.UPDATE_CONSUMER_OFFSET, {
-                        "consumerGroup": READER_GROUP, "topic": "%HALFMQ_SINK_BARRIER%", "queueId": "0",
-                        "commitOffset": "0"})
+                    await conn.request(RequestCode.UPDATE_CONSUMER_OFFSET, UpdateConsumerOffsetRequestHeader(
+                        consumerGroup=READER_GROUP, topic="%HALFMQ_SINK_BARRIER%", queueId=0,
+                        commitOffset=0).to_ext())
     asyncio.run(run())
 
 
@@ -174,7 +176,7 @@ def transaction_records(namesrv: str, limit: int = 100_000) -> list[dict]:
         admin = Admin(namesrv)
         try:
             return (await admin.json_call(await admin.broker_addr(), RequestCode.HALFMQ_GET_TRANSACTION_RECORDS,
-                                          {"limit": limit}))["records"]
+                                          HalfStatusRequestHeader(limit=limit).to_ext()))["records"]
         finally:
             await admin.close()
     return asyncio.run(run())
@@ -205,9 +207,9 @@ def batch_committed(namesrv: str, sink_id: str, batch_id: int) -> bool:
     async def run():
         admin = Admin(namesrv)
         try:
-            await admin.call(await admin.broker_addr(), RequestCode.QUERY_MESSAGE, {
-                "topic": SINK_COMMITS_TOPIC, "key": _batch_key(sink_id, batch_id), "maxNum": 1,
-                "beginTimestamp": 0, "endTimestamp": 2 ** 62})
+            await admin.call(await admin.broker_addr(), RequestCode.QUERY_MESSAGE, QueryMessageRequestHeader(
+                topic=SINK_COMMITS_TOPIC, key=_batch_key(sink_id, batch_id), maxNum=1, beginTimestamp=0,
+                endTimestamp=2 ** 62).to_ext())
             return True
         except BrokerError as exc:
             # Only the broker's word that there is no marker means "not committed"; any other failure must fail

@@ -212,8 +212,9 @@ class EndTransactionRequestHeader(Header):
     commitLogOffset: int = req()
     commitOrRollback: int = req()
     msgId: str = req()
-    fromTransactionCheck: bool | None = opt()
+    # transactionId before fromTransactionCheck: to_ext renders in field order, the order halfmq's client sent them.
     transactionId: str | None = opt()
+    fromTransactionCheck: bool | None = opt()
 
 
 @dataclass(slots=True, kw_only=True)

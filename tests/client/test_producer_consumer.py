@@ -166,3 +166,20 @@ def test_blocking_facade(tmp_path):
             assert consumer.query_offset(result.queue) == 1
     finally:
         bt.stop()
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_send_header_is_what_its_header_class_renders(batch):
+    """Producer._header renders SendMessageRequestHeaderV2 by hand for speed: same keys, values and order."""
+    from halfmq.protocol.headers import SendMessageRequestHeaderV2
+    from halfmq.protocol.properties import encode_properties
+
+    producer = Producer("PG", "127.0.0.1:9876")
+    props = {"UNIQ_KEY": "u1", "WAIT": "true"}
+    ext = producer._header(Message("T", b"x", flag=5), MessageQueue("T", "b", 3), props, sys_flag=4, batch=batch)
+    expected = SendMessageRequestHeaderV2(
+        producerGroup="PG", topic="T", defaultTopic="TBW102", defaultTopicQueueNums=4, queueId=3, sysFlag=4,
+        bornTimestamp=int(ext["g"]), flag=5, properties=encode_properties(props), reconsumeTimes=0, unitMode=False,
+        batch=True if batch else None)
+    assert list(ext.items()) == list(expected.to_ext().items())
+    assert SendMessageRequestHeaderV2.from_ext(ext) == expected
