@@ -14,8 +14,9 @@ frames). After each sequence the invariants are checked:
 - the broker never hit an unexpected error (a bug: logged by the dispatcher as such);
 - the process's RSS stays within ``RSS_GROWTH_MIB`` of where it started.
 
-Seeded: ``HALFMQ_FUZZ_SEED`` (default: random) and ``HALFMQ_FUZZ_SEQUENCES`` (default 2,000); a failure names the
-seed and the sequence, and the sequences are replayed in order from a fresh broker with that seed.
+Seeded: ``FUZZ_SEED`` (default: random) and ``FUZZ_SEQUENCES`` (default 2,000); a failure names the
+seed and the sequence, and the sequences are replayed in order from a fresh broker with that seed. (Not HALFMQ_*:
+a broker started from the command line reads those as its configuration and refuses unknown keys.)
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ from halfmq.protocol.properties import encode_properties
 
 from tests.support.raw import RawClient
 
-SEQUENCES = int(os.environ.get("HALFMQ_FUZZ_SEQUENCES", "2000"))
+SEQUENCES = int(os.environ.get("FUZZ_SEQUENCES", "2000"))
 ALIVE_BOUND_S = 2.0
 ANSWER_BOUND_S = 5.0
 RSS_GROWTH_MIB = 300
@@ -405,7 +406,7 @@ class UnexpectedErrors(logging.Handler):
 
 
 async def test_random_request_sequences_keep_every_invariant(broker_factory, tmp_path):
-    seed = int(os.environ.get("HALFMQ_FUZZ_SEED") or random.randrange(2**32))
+    seed = int(os.environ.get("FUZZ_SEED") or random.randrange(2**32))
     acl = tmp_path / "plain_acl.yml"
     acl.write_text(ACL)
     broker = await broker_factory(aclEnable=True, aclConfigFile=str(acl), transactionTimeOut=50,
@@ -423,7 +424,7 @@ async def test_random_request_sequences_keep_every_invariant(broker_factory, tmp
                 raise Violation(f"the broker hit an unexpected error: {errors.records[0]}")
         took = time.perf_counter() - started
     except Exception as exc:
-        raise AssertionError(f"fuzzer failed at sequence {index}; reproduce with HALFMQ_FUZZ_SEED={seed}: "
+        raise AssertionError(f"fuzzer failed at sequence {index}; reproduce with FUZZ_SEED={seed}: "
                              f"{exc}") from exc
     finally:
         logging.getLogger("halfmq").removeHandler(errors)
