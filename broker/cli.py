@@ -12,7 +12,7 @@ from halfmq.store import CorruptStoreError, StoreLockedError
 
 from .acl import AclConfigError
 from .config import ConfigError, load_config
-from .server import Broker
+from .server import Broker, StartError
 
 log = logging.getLogger("halfmq")
 
@@ -58,11 +58,11 @@ def broker_main(argv: list[str]) -> int:
     except (ConfigError, AclConfigError) as exc:
         print(f"halfmq: configuration error: {exc}", file=sys.stderr)
         return 2
-    except (StoreLockedError, CorruptStoreError) as exc:
+    except (StoreLockedError, CorruptStoreError, StartError) as exc:
         print(f"halfmq: cannot start: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:
-        log.error("cannot start the broker: %s", exc)
+        print(f"halfmq: cannot start: {exc}", file=sys.stderr)
         return 1
     finally:
         loop.close()

@@ -250,18 +250,27 @@ def parse_properties(text: str, source: str = "config file") -> dict[str, str]:
 
 
 def env_overrides(environ: Mapping[str, str]) -> dict[str, str]:
-    """``HALFMQ_<KEY>`` variables (the key in RocketMQ spelling or upper case).
+    """``HALFMQ_<KEY>`` variables (the key in RocketMQ spelling, or all upper case as environment variables
+    usually are). Any other spelling is refused as the same flag is: ``HALFMQ_transactionTimeout`` is neither
+    ``transactionTimeOut`` nor ``TRANSACTIONTIMEOUT``.
 
     Raises:
-        ConfigError: a HALFMQ_ variable names no known key.
+        ConfigError: a HALFMQ_ variable names no known key, or names one in another case.
     """
     out = {}
     for var, value in environ.items():
         if not var.startswith("HALFMQ_"):
             continue
         key = var[len("HALFMQ_"):]
-        name = key if key in FIELDS else _LOWER.get(key.lower())
-        if name is None:
+        hint = _LOWER.get(key.lower())
+        if key in FIELDS:
+            name = key
+        elif hint is not None and key == key.upper():
+            name = hint
+        elif hint is not None:
+            raise ConfigError(f"unknown configuration key {key!r} (in environment variable {var}); "
+                              f"did you mean {hint!r}? (HALFMQ_{hint} or HALFMQ_{hint.upper()})")
+        else:
             raise ConfigError(f"environment variable {var} names no configuration key")
         out[name] = value
     return out

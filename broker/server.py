@@ -7,6 +7,7 @@ the store.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import socket
 import ssl
@@ -45,6 +46,24 @@ def format_address(sockname) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+class StartError(Exception):
+    """The broker cannot start for a reason outside its configuration file's syntax (a port in use)."""
+
+
+def bind_error(setting: str, host: str, port: int, exc: OSError) -> StartError:
+    """One line naming the setting and the port: what an operator needs to fix a failed bind."""
+    where = f"{host or '*'}:{port}"
+    if exc.errno == errno.EADDRINUSE:
+        return StartError(f"{setting}={port}: port {port} is already in use on {host or 'every interface'} "
+                          f"(another broker running? set {setting} to a free port, or 0 for any)")
+    if exc.errno == errno.EACCES:
+        return StartError(f"{setting}={port}: no permission to listen on {where} (ports below 1024 need privileges)")
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return StartError(f"{setting}={port}: cannot listen on {where}: {host} is not an address of this host "
+                          f"(bindAddress)")
+    return StartError(f"{setting}={port}: cannot listen on {where}: {exc.strerror or exc}")
+
+
 class Broker:
     """One broker. ``await start()`` binds its ports (0 = any free port); ``addr``/``namesrv_addr``/
     ``metrics_addr`` are the addresses bound (``0.0.0.0:10911`` when bound to every interface)."""
@@ -78,7 +97,9 @@ class Broker:
         try:
             await self._start_services(loop)
         except BaseException:
-            await self.store.close()
+            # Stop what was started (services, periodic tasks, listeners, the store's writer): a failed start
+            # leaves no task pending and no process behind.
+            await self._shutdown()
             raise
 
     async def _start_services(self, loop) -> None:
@@ -108,7 +129,7 @@ class Broker:
                               f"clients reach the broker at (message ids and routes carry an IPv4 address)")
         # The broker port must be known before anything is stored: it is part of every record's store host.
         server = await self._listen(loop, self._protocol_factory(self.dispatcher, self.connections),
-                                    cfg.listenPort, tls)
+                                    cfg.listenPort, tls, "listenPort")
         self.port = server.sockets[0].getsockname()[1]
         ctx.store_host = ctx.broker_addr = f"{cfg.advertised_ip}:{self.port}"
         self.addr = format_address(server.sockets[0].getsockname())
@@ -138,11 +159,15 @@ class Broker:
 
         if cfg.namesrvListenPort >= 0:
             ns = await self._listen(loop, self._protocol_factory(self.namesrv_dispatcher, self.namesrv_connections),
-                                    cfg.namesrvListenPort, tls)
+                                    cfg.namesrvListenPort, tls, "namesrvListenPort")
             self.namesrv_port = ns.sockets[0].getsockname()[1]
             self.namesrv_addr = format_address(ns.sockets[0].getsockname())
         if cfg.metricsPromExporterPort >= 0:
-            bound = ctx.metrics.serve(cfg.metricsPromExporterHost or cfg.bindAddress, cfg.metricsPromExporterPort)
+            host = cfg.metricsPromExporterHost or cfg.bindAddress
+            try:
+                bound = ctx.metrics.serve(host, cfg.metricsPromExporterPort)
+            except OSError as exc:
+                raise bind_error("metricsPromExporterPort", host, cfg.metricsPromExporterPort, exc) from None
             self.metrics_port = bound[1]
             self.metrics_addr = format_address(bound)
         log.info("effective configuration: %s", " ".join(f"{k}={v}" for k, v in cfg.as_dict().items()))
@@ -165,15 +190,22 @@ class Broker:
             raise ConfigError(f"tlsServerCertPath/tlsServerKeyPath: cannot load: {exc}") from None
         return context
 
-    async def _listen(self, loop, factory, port: int, tls) -> asyncio.base_events.Server:
+    async def _listen(self, loop, factory, port: int, tls, setting: str) -> asyncio.base_events.Server:
         """Listen on bindAddress. ``::`` is dual stack (IPv4 and IPv6 on one port): asyncio alone would make it
-        IPv6-only (it sets IPV6_V6ONLY), so that socket is made here."""
+        IPv6-only (it sets IPV6_V6ONLY), so that socket is made here.
+
+        Raises:
+            StartError: the port cannot be bound (in use, no permission); names ``setting`` and the port.
+        """
         host = self.config.bindAddress
-        if host == "::" and socket.has_dualstack_ipv6():
-            sock = socket.create_server(("::", port), family=socket.AF_INET6, dualstack_ipv6=True, backlog=1024)
-            server = await loop.create_server(factory, sock=sock, ssl=tls)
-        else:
-            server = await loop.create_server(factory, host, port, reuse_address=True, ssl=tls)
+        try:
+            if host == "::" and socket.has_dualstack_ipv6():
+                sock = socket.create_server(("::", port), family=socket.AF_INET6, dualstack_ipv6=True, backlog=1024)
+                server = await loop.create_server(factory, sock=sock, ssl=tls)
+            else:
+                server = await loop.create_server(factory, host, port, reuse_address=True, ssl=tls)
+        except OSError as exc:
+            raise bind_error(setting, host, port, exc) from None
         self.servers.append(server)
         return server
 
@@ -197,6 +229,12 @@ class Broker:
             return
         self._stopping = True
         log.info("halfmq shutting down")
+        await self._shutdown()
+        log.info("halfmq stopped")
+
+    async def _shutdown(self) -> None:
+        """Stop whatever has been started, in the reverse order of start; safe after a partial start."""
+        self._stopping = True
         try:
             for server in self.servers:
                 server.close()
@@ -205,8 +243,10 @@ class Broker:
             if self.ctx is not None:
                 self.ctx.long_poll.release_all()
                 await self.dispatcher.drain(self.config.shutdownGraceSeconds)
-                await self.ctx.check_back.stop()
-                await self.ctx.schedule.stop()
+                if self.ctx.check_back is not None:
+                    await self.ctx.check_back.stop()
+                if self.ctx.schedule is not None:
+                    await self.ctx.schedule.stop()
                 for task in self.periodic:
                     await task.stop()
                 try:
@@ -214,7 +254,8 @@ class Broker:
                 except Exception:
                     log.exception("could not persist consumer offsets at shutdown")
             if self.ctx is not None:
-                self.ctx.metrics.close()
+                if self.ctx.metrics is not None:
+                    self.ctx.metrics.close()
                 self.ctx.consumers.close()
             self.connections.close_all()
             self.namesrv_connections.close_all()
@@ -224,4 +265,3 @@ class Broker:
             if self.store is not None:
                 await self.store.close()
             self.stopped.set()
-            log.info("halfmq stopped")

@@ -98,3 +98,69 @@ def test_cli_starts_logs_effective_config_and_stops_on_sigterm(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize("env, needle", [
+    ({"HALFMQ_transactionTimeout": "3000"}, "did you mean 'transactionTimeOut'?"),
+    ({"HALFMQ_listenport": "1"}, "did you mean 'listenPort'?"),
+])
+def test_environment_keys_follow_the_flags_case_rules(env, needle):
+    """A wrong-case key is refused with the flag's "did you mean"; RocketMQ spelling and all upper case are taken."""
+    with pytest.raises(ConfigError, match=re.escape(needle)) as refused:
+        load_config(None, [], env)
+    assert next(iter(env)) in str(refused.value)
+    flag = next(iter(env))[len("HALFMQ_"):]
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        load_config(None, [f"--{flag}=1"], {})
+    assert load_config(None, [], {"HALFMQ_TRANSACTIONTIMEOUT": "3000"}).transactionTimeOut == 3000
+    assert load_config(None, [], {"HALFMQ_transactionTimeOut": "3000"}).transactionTimeOut == 3000
+
+
+def test_cli_refuses_wrong_case_environment_key():
+    result = run_cli("broker", "--listenPort=0", env={"HALFMQ_transactionTimeout": "3000"})
+    assert result.returncode == 2
+    assert "did you mean 'transactionTimeOut'?" in result.stderr
+
+
+@pytest.mark.parametrize("setting", ["listenPort", "namesrvListenPort", "metricsPromExporterPort"])
+def test_cli_port_in_use_is_one_clear_line(tmp_path, setting):
+    """A port in use: exit 1 with one line naming the setting and the port; everything started is stopped (no
+    asyncio noise, no writer process left holding the store: the store opens again at once)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        flags = {"listenPort": 0, "namesrvListenPort": 0, "metricsPromExporterPort": 0, setting: port}
+        result = run_cli("broker", "--bindAddress=127.0.0.1", f"--storePathRootDir={tmp_path}", "--mapSize=67108864",
+                         *(f"--{key}={value}" for key, value in flags.items()))
+    assert result.returncode == 1, result
+    output = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    assert len(output) == 1, output
+    assert setting in output[0] and str(port) in output[0] and "in use" in output[0]
+
+
+async def test_failed_start_stops_what_it_started(tmp_path):
+    """Broker.start failing at its last step (the metrics port) leaves no task running and the store closed."""
+    import asyncio
+    import socket
+
+    from halfmq.broker.server import Broker, StartError
+    from tests.conftest import broker_config
+
+    before = asyncio.all_tasks()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        broker = Broker(broker_config(tmp_path / "store", metricsPromExporterPort=port))
+        with pytest.raises(StartError, match=f"metricsPromExporterPort={port}"):
+            await broker.start()
+    await asyncio.sleep(0)
+    assert asyncio.all_tasks() <= before
+    assert broker.store.closed
+    assert all(not server.is_serving() for server in broker.servers)
+    again = Broker(broker_config(tmp_path / "store"))
+    await again.start()  # the failed start released the store
+    await again.stop()
