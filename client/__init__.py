@@ -1,8 +1,9 @@
 """halfmq's Python client: producers, transactional producers and consumers for RocketMQ 4.x brokers."""
 from .blocking import BlockingProducer, BlockingPullConsumer
 from .consumer import PullConsumer, PullResult, PullStatus
-from .errors import (BrokerError, ClientError, ConnectionClosedError, IllegalOperationError, MessageIllegalError,
-                     NoPermissionError, RequestTimeoutError, TopicNotExistError)
+from .errors import (AddressError, BrokerError, ClientError, ConnectionClosedError, IllegalOperationError,
+                     MessageIllegalError, MessageTooLargeError, NoPermissionError, RequestTimeoutError,
+                     TopicNotExistError)
 from .message import Message, MessageExt, MessageQueue, SendResult, SendStatus
 from .producer import Producer
 from .push import ConsumeFrom, ConsumeStatus, PushConsumer
@@ -14,4 +15,5 @@ __all__ = ["Credentials", "BlockingProducer", "BlockingPullConsumer", "Producer"
            "TransactionSendResult", "TransactionLog", "LogCheckListener", "PullConsumer", "PullResult", "PullStatus",
            "PushConsumer", "ConsumeStatus", "ConsumeFrom", "Message", "MessageExt", "MessageQueue", "SendResult",
            "SendStatus", "ClientError", "BrokerError", "ConnectionClosedError", "RequestTimeoutError",
-           "TopicNotExistError", "NoPermissionError", "MessageIllegalError", "IllegalOperationError"]
+           "TopicNotExistError", "NoPermissionError", "MessageIllegalError", "IllegalOperationError",
+           "MessageTooLargeError", "AddressError"]

@@ -23,7 +23,7 @@ from halfmq.protocol.headers import (ConnectionListRequestHeader, ConsumeStatsRe
                                      ResumeCheckHalfMessageRequestHeader, TopicRequestHeader, ViewMessageRequestHeader)
 from halfmq.protocol.message import decode_offset_msg_id, decode_records
 
-from .errors import ClientError, error_for
+from .errors import ClientError, ConnectionClosedError, error_for
 from .remoting import ConnectionPool, Credentials
 
 
@@ -39,7 +39,13 @@ class Admin:
         await self.pool.close()
 
     async def call(self, addr: str, code: int, ext: dict | None = None, body: bytes = b""):
-        conn = await self.pool.get(addr)
+        try:
+            conn = await self.pool.get(addr)
+        except ConnectionClosedError as exc:
+            if addr != self.namesrv:
+                raise
+            # The first thing most commands do: say which option points there.
+            raise ConnectionClosedError(f"cannot reach the name server (-n/--namesrv): {exc}") from None
         resp = await conn.request(code, {k: str(v) for k, v in (ext or {}).items()}, body, self.timeout)
         if resp.code != ResponseCode.SUCCESS:
             raise error_for(resp.code, resp.remark)

@@ -23,6 +23,16 @@ class ConnectionClosedError(ClientError):
     """The connection closed before the response arrived."""
 
 
+class AddressError(ClientError, ValueError):
+    """An address that is not HOST:PORT."""
+
+
+class MessageTooLargeError(ClientError):
+    """A message body larger than the producer's ``max_message_size``: refused before it is sent."""
+
+    code = ResponseCode.MESSAGE_ILLEGAL
+
+
 class BrokerError(ClientError):
     """The broker answered with an error code."""
 

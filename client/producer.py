@@ -12,7 +12,7 @@ from halfmq.protocol.headers import SendMessageRequestHeaderV2
 from halfmq.protocol.message import BatchItem, UniqKeyGenerator, encode_batch
 from halfmq.protocol.properties import encode_properties
 
-from .errors import ClientError, error_for
+from .errors import ClientError, MessageTooLargeError, error_for
 from .instance import ClientInstance
 from .message import Message, MessageQueue, SendResult, SendStatus
 from .remoting import Credentials
@@ -34,6 +34,9 @@ _STATUS = {ResponseCode.SUCCESS: SendStatus.SEND_OK, ResponseCode.FLUSH_DISK_TIM
     "properties", "reconsumeTimes", "unitMode", "batch"))
 
 
+DEFAULT_MAX_MESSAGE_SIZE = 4 << 20  #: the broker's default maxMessageSize, and RocketMQ producers' maxMessageSize
+
+
 class Producer:
     """An asyncio producer.
 
@@ -44,14 +47,18 @@ class Producer:
         send_timeout: seconds per attempt.
         auto_create: fall back to the TBW102 route for topics the name server does not know (the broker then
             creates them).
+        max_message_size: largest body sent, bytes (a batch: its whole body); larger ones are refused here with
+            MessageTooLargeError, as RocketMQ's producers do. 4 MiB, the broker's default maxMessageSize: raise
+            both together.
 
     Use as ``async with Producer("PG", "127.0.0.1:9876") as producer: await producer.send(Message(...))``.
     """
 
     def __init__(self, group: str, namesrv: str, retry_times: int = 2, send_timeout: float = 3.0,
                  auto_create: bool = True, client_ip: str = "127.0.0.1", credentials: Credentials | None = None,
-                 tls: ssl.SSLContext | None = None):
+                 tls: ssl.SSLContext | None = None, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE):
         self.group = group
+        self.max_message_size = max_message_size
         self.retry_times = retry_times
         self.send_timeout = send_timeout
         self.auto_create = auto_create
@@ -96,6 +103,7 @@ class Producer:
             queue: a specific queue; by default the next queue of the route, round robin.
 
         Raises:
+            MessageTooLargeError: the body is larger than ``max_message_size`` (nothing was sent).
             BrokerError: the broker refused the message (after retries for retryable codes).
             ClientError: no attempt reached a broker.
         """
@@ -106,6 +114,7 @@ class Producer:
     async def _send(self, msg: Message, props: dict[str, str], queue: MessageQueue | None, uniq: str,
                     sys_flag: int = 0, code: int = RequestCode.SEND_MESSAGE_V2, body: bytes | None = None,
                     batch: bool = False) -> SendResult:
+        self._check_size(len(msg.body) if body is None else len(body))
         last: Exception | None = None
         instance = self.instance
         for attempt in range(1 + self.retry_times):
@@ -140,8 +149,15 @@ class Producer:
                 self.instance.routes.invalidate(msg.topic)
         raise last or ClientError("send failed")
 
+    def _check_size(self, size: int) -> None:
+        if size > self.max_message_size:
+            raise MessageTooLargeError(
+                f"the message body is {size:,} bytes, larger than max_message_size {self.max_message_size:,} "
+                f"(the broker refuses bodies above its maxMessageSize, 4 MiB by default: raise both to send it)")
+
     async def send_oneway(self, msg: Message, queue: MessageQueue | None = None) -> None:
         """Send without waiting for the broker (no result, no retry)."""
+        self._check_size(len(msg.body))
         route = await self.instance.routes.get(msg.topic, self.auto_create)
         target = queue or route.write_queues[next(self._counter) % len(route.write_queues)]
         addr = route.addr_of(target.broker_name)

@@ -11,6 +11,7 @@ import hashlib
 import hmac
 import itertools
 import logging
+import os
 import ssl
 from typing import Callable
 
@@ -19,11 +20,40 @@ from halfmq.protocol.command import RemotingCommand, decode_command
 from halfmq.protocol.errors import ProtocolError
 from halfmq.protocol.frame import FrameDecoder
 
-from .errors import ConnectionClosedError, RequestTimeoutError
+from .errors import AddressError, ConnectionClosedError, RequestTimeoutError
 
 log = logging.getLogger(__name__)
 RequestHandler = Callable[["Connection", RemotingCommand], None]
 TIMEOUT_SWEEP_S = 0.05  #: how often overdue requests are expired: a request times out at most this late
+#: Requests at least this large are remembered while in flight: a broker refuses a frame larger than its
+#: serverMaxFrameSize by closing the connection, and the error then says how large the request was.
+LARGE_REQUEST = 1 << 20
+
+
+def parse_address(addr: str) -> tuple[str, int]:
+    """``HOST:PORT``, ``[IPv6]:PORT`` or ``IPv6:PORT`` (the port after the last colon) → (host, port).
+
+    Raises:
+        AddressError: no port, or a port that is not a number in 1..65535.
+    """
+    host, sep, port = addr.strip().rpartition(":")
+    if not sep or not host.strip("[]:"):
+        raise AddressError(f"address {addr!r} has no port: write HOST:PORT, e.g. {addr.strip() or 'localhost'}:9876"
+                           if ":" not in addr else f"address {addr!r} is not HOST:PORT ([HOST]:PORT for IPv6)")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise AddressError(f"address {addr!r}: the port {port!r} is not a number in 1..65535")
+    return host.strip("[]"), int(port)
+
+
+def _reason(exc: BaseException, timeout: float) -> str:
+    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)) and not isinstance(exc, OSError) or \
+            isinstance(exc, OSError) and exc.errno is None and not str(exc):
+        return f"no answer within {timeout:g} s"
+    if isinstance(exc, OSError) and exc.errno and exc.errno > 0:
+        return os.strerror(exc.errno).lower()
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
 
 
 class Credentials:
@@ -57,18 +87,24 @@ class Connection(asyncio.Protocol):
         self._pending_writes: list[bytes] | None = None
         self._deadlines: dict[int, tuple[float, int, float]] = {}  # opaque → (deadline, code, timeout)
         self._sweeper: asyncio.TimerHandle | None = None
+        self._large: dict[int, int] = {}  # opaque → size, of requests of LARGE_REQUEST bytes or more
 
     @classmethod
     async def open(cls, addr: str, handlers: dict[int, RequestHandler] | None = None, timeout: float = 5.0,
                    credentials: Credentials | None = None, tls: ssl.SSLContext | None = None) -> "Connection":
-        host, _, port = addr.rpartition(":")
+        """Connect to ``addr`` (HOST:PORT).
+
+        Raises:
+            AddressError: ``addr`` is not HOST:PORT.
+            ConnectionClosedError: nothing answers there (refused, unknown host, no answer within ``timeout``).
+        """
+        host, port = parse_address(addr)
         loop = asyncio.get_running_loop()
         try:
             _t, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: cls(addr, handlers, credentials), host.strip("[]"), int(port),
-                                       ssl=tls), timeout)
+                loop.create_connection(lambda: cls(addr, handlers, credentials), host, port, ssl=tls), timeout)
         except (OSError, asyncio.TimeoutError) as exc:
-            raise ConnectionClosedError(f"cannot connect to {addr}: {exc}") from None
+            raise ConnectionClosedError(f"cannot connect to {addr}: {_reason(exc, timeout)}") from None
         return conn
 
     # --- asyncio.Protocol ---
@@ -106,9 +142,14 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         self.closed.set()
         pending, self.pending = self.pending, {}
-        for fut in pending.values():
+        large, self._large = self._large, {}
+        for opaque, fut in pending.items():
             if not fut.done():
-                fut.set_exception(ConnectionClosedError(f"connection to {self.addr} closed"))
+                size = large.get(opaque)
+                why = "" if size is None else (
+                    f" while it was sent a {size:,}-byte request: larger than the broker accepts? (a broker closes "
+                    f"the connection on a frame above its serverMaxFrameSize, 16 MiB by default)")
+                fut.set_exception(ConnectionClosedError(f"connection to {self.addr} closed{why}"))
         if self._drain_waiter is not None and not self._drain_waiter.done():
             self._drain_waiter.set_result(None)
         if self._sweeper is not None:
@@ -144,7 +185,10 @@ class Connection(asyncio.Protocol):
         self.pending[opaque] = fut
         if self.credentials is not None:
             ext_fields = self.credentials.sign(ext_fields, body)
-        self._write(RemotingCommand(code, opaque, 0, None, ext_fields, body, language=LanguageCode.PYTHON).encode())
+        data = RemotingCommand(code, opaque, 0, None, ext_fields, body, language=LanguageCode.PYTHON).encode()
+        if len(data) >= LARGE_REQUEST:
+            self._large[opaque] = len(data)
+        self._write(data)
         # One sweep every TIMEOUT_SWEEP_S expires overdue requests: a timer per request cost 2.4 us each, and
         # asyncio.wait_for a task per request.
         self._deadlines[opaque] = (loop.time() + timeout, code, timeout)
@@ -157,6 +201,8 @@ class Connection(asyncio.Protocol):
         finally:
             self.pending.pop(opaque, None)
             self._deadlines.pop(opaque, None)
+            if self._large:
+                self._large.pop(opaque, None)
 
     def _expire_overdue(self) -> None:
         self._sweeper = None

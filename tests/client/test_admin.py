@@ -55,3 +55,26 @@ async def test_admin_commands(broker_factory):
     code, _, err = await admin(broker, "deleteTopic", "-t", "Nope")
     assert code == 1 and "TOPIC_NOT_EXIST" in err
     assert (await admin(broker, "deleteTopic", "-t", "Adm"))[0] == 0
+
+
+async def run_admin(*args):
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "halfmq.broker.cli", "admin", *args,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_admin_bad_or_unreachable_name_server_is_one_clear_line():
+    import socket
+
+    code, out, err = await run_admin("-n", "localhost", "topicList")
+    assert code == 1 and out == ""
+    assert err.splitlines() == ["halfmq admin: address 'localhost' has no port: write HOST:PORT, e.g. localhost:9876"]
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code, out, err = await run_admin("-n", f"127.0.0.1:{port}", "clusterList")
+    assert code == 1 and out == ""
+    assert len(err.splitlines()) == 1, err
+    assert "cannot reach the name server (-n/--namesrv)" in err and f"127.0.0.1:{port}" in err
+    assert "connection refused" in err

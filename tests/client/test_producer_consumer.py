@@ -183,3 +183,23 @@ def test_send_header_is_what_its_header_class_renders(batch):
         batch=True if batch else None)
     assert list(ext.items()) == list(expected.to_ext().items())
     assert SendMessageRequestHeaderV2.from_ext(ext) == expected
+
+
+async def test_oversized_messages_get_a_clear_error(broker_factory):
+    """Above the producer's max_message_size (4 MiB, the broker's default maxMessageSize) nothing is sent; a
+    request above the broker's serverMaxFrameSize (the broker closes the connection) is named as such."""
+    from halfmq.client import ConnectionClosedError, MessageIllegalError, MessageTooLargeError
+    from halfmq.protocol.codes import ResponseCode
+
+    broker = await broker_factory(serverMaxFrameSize=1 << 20, maxMessageSize=64 << 10)
+    async with Producer("PG-big", broker.namesrv_addr) as producer:
+        with pytest.raises(MessageTooLargeError, match=r"5,242,880 bytes, larger than max_message_size 4,194,304") \
+                as refused:
+            await producer.send(Message("Big", b"x" * (5 << 20)))
+        assert refused.value.code == ResponseCode.MESSAGE_ILLEGAL
+        await producer.send(Message("Big", b"small"))  # the producer still works
+    async with Producer("PG-big2", broker.namesrv_addr, max_message_size=16 << 20) as producer:
+        with pytest.raises(MessageIllegalError, match="maxMessageSize"):  # the broker's own refusal, as before
+            await producer.send(Message("Big", b"x" * (100 << 10)))
+        with pytest.raises(ConnectionClosedError, match=r"2,09\d,\d{3}-byte request.*serverMaxFrameSize"):
+            await producer.send(Message("Big", b"x" * (2 << 20)))
