@@ -296,6 +296,9 @@ def serve(path: str, map_size: int, sync_each: bool, flush_interval_s: float, so
             dbs = {name: env.open_db(name.encode(), txn=txn) for name in DBS}
         writer = GroupWriter(env, dbs, counters := load_counters(env, dbs))
         env.sync(True)  # whatever an earlier writer committed is durable before anything new is acknowledged
+        # A broker killed in the middle of a read leaves its reader slot behind, and pages it pinned would never be
+        # reused: clear such slots of dead processes.
+        env.reader_check()
     except (lmdb.Error, struct.error, UnicodeDecodeError, KeyError) as exc:
         link.send(("failed", f"{type(exc).__name__}: {exc}"))
         return 1
