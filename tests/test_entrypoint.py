@@ -56,3 +56,21 @@ def test_docker_image_copies_every_folder_the_install_needs():
     copied = {line.split()[1] for line in (ROOT / "Dockerfile").read_text().splitlines() if line.startswith("COPY ")}
     assert package_dirs <= copied, f"Dockerfile does not COPY {sorted(package_dirs - copied)}"
     assert {"pyproject.toml", "scripts"} <= copied
+
+
+def test_dockerignore_keeps_the_context_to_what_the_image_copies():
+    """The build context was 786 MB with .venv in it: .dockerignore leaves out the local venv, peers, git and
+    caches, and none of what the Dockerfile COPYs."""
+    import fnmatch
+
+    patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+
+    def ignored(path: str) -> bool:
+        return any(fnmatch.fnmatch(path, p) or fnmatch.fnmatch(path, p.removeprefix("**/")) for p in patterns)
+
+    for path in (".venv", ".peers", ".git", "store_data", "halfmq.egg-info", ".pytest_cache"):
+        assert ignored(path), f".dockerignore lets {path} into the build context"
+    copied = [part for line in (ROOT / "Dockerfile").read_text().splitlines() if line.startswith("COPY ")
+              for part in line.split()[1:-1]]
+    assert copied and not [path for path in copied if ignored(path)]
