@@ -6,7 +6,8 @@
     python scripts/bench.py compare     --spawn-broker   # plain vs transactional sends, same run
 
 Prints TPS and RT p50/p99/max every few seconds and a SUMMARY line at the end. With --spawn-broker a broker
-is started in a subprocess on free ports over a temporary store (SYNC_FLUSH unless --async-flush).
+is started in a subprocess on free ports over a temporary store (SYNC_FLUSH unless --async-flush), removed when
+the benchmark ends (also on an error or Ctrl-C). Filling and draining phases print their progress every second.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import asyncio
 import os
 import random
 import re
+import shutil
 import signal
 import sys
 import tempfile
@@ -79,8 +81,73 @@ async def reporter(stats: Stats, stop: asyncio.Event, every: float = 3.0) -> Non
             stats.report(every)
 
 
+#: Temporary store folders this run made: removed at its end (remove_temp_stores), and only these.
+TEMP_STORES: list[str] = []
+
+
+def temp_store(prefix: str = "halfmq-bench-") -> str:
+    path = tempfile.mkdtemp(prefix=prefix)
+    TEMP_STORES.append(path)
+    return path
+
+
+def remove_temp_stores() -> None:
+    """Remove the store folders made by temp_store (call once whatever used them has stopped)."""
+    while TEMP_STORES:
+        shutil.rmtree(TEMP_STORES.pop(), ignore_errors=True)
+
+
+def run_main(coro) -> None:
+    """Run a benchmark's main coroutine: Ctrl-C or SIGTERM cancel it (its ``finally`` blocks stop the brokers it
+    spawned), then the temporary stores are removed."""
+    loop = new_event_loop()
+    task = loop.create_task(coro)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        loop.run_until_complete(task)
+    except asyncio.CancelledError:
+        print("interrupted", file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
+    finally:
+        loop.close()
+        remove_temp_stores()
+
+
+async def progress(label: str, done, total: int | None = None, every: float = 1.0) -> None:
+    """Print ``done()`` every ``every`` seconds until cancelled: live progress of a long phase."""
+    started = last_time = time.perf_counter()
+    last = 0
+    while True:
+        await asyncio.sleep(every)
+        now, count = time.perf_counter(), done()
+        of = f"/{total:,}" if total else ""
+        print(f"[{label}] {count:,}{of} messages in {now - started:.0f} s ({(count - last) / (now - last_time):,.0f}/s)",
+              flush=True)
+        last, last_time = count, now
+
+
+class Progress:
+    """``async with Progress(label, done, total):`` prints progress while the block runs."""
+
+    def __init__(self, label: str, done, total: int | None = None):
+        self.args = (label, done, total)
+        self.task: asyncio.Task | None = None
+
+    async def __aenter__(self):
+        self.task = asyncio.get_running_loop().create_task(progress(*self.args))
+        return self
+
+    async def __aexit__(self, *exc):
+        self.task.cancel()
+        try:
+            await self.task
+        except asyncio.CancelledError:
+            pass
+
+
 async def spawn_broker(args) -> tuple[asyncio.subprocess.Process, str, str]:
-    store = tempfile.mkdtemp(prefix="halfmq-bench-")
+    store = temp_store()
     cmd = [sys.executable, "-m", "halfmq.broker.cli", "broker", "--bindAddress=127.0.0.1", "--listenPort=0",
            "--namesrvListenPort=0", "--metricsPromExporterPort=0", f"--storePathRootDir={store}",
            f"--flushDiskType={'ASYNC_FLUSH' if args.async_flush else 'SYNC_FLUSH'}", "--logLevel=WARNING",
@@ -118,10 +185,12 @@ async def timed_loop(inflight: int, duration: float, op, stats: Stats) -> None:
 
     stop = asyncio.Event()
     rep = asyncio.get_running_loop().create_task(reporter(stats, stop))
-    await asyncio.gather(*(worker() for _ in range(inflight)))
-    stats.finished = time.perf_counter()
-    stop.set()
-    await rep
+    try:
+        await asyncio.gather(*(worker() for _ in range(inflight)))
+    finally:  # also when interrupted: the reporter ends with the load
+        stats.finished = time.perf_counter()
+        stop.set()
+        await rep
 
 
 async def run_producer(args, namesrv: str, topic: str | None = None) -> float:
@@ -137,39 +206,46 @@ async def run_consumer(args, namesrv: str) -> float:
     body = os.urandom(args.size)
     topic = f"{args.topic}Drain"
     async with Producer("BENCH_PG", namesrv) as producer:
+        # The first send creates the topic; its queues are then read from the name server (the sends before
+        # used the template route, which has fewer queues). Every message sent is counted, this one too.
         await producer.send(Message(topic, body))
-        queues = sorted({(await producer.send(Message(topic, body))).queue for _ in range(8)})
-        sent = 2
+        sent = 1
+        queues = (await producer.instance.routes.fetch(topic)).write_queues
         t0 = time.perf_counter()
         per_batch = max(1, min(256, (1 << 20) // (args.size + 200)))
 
         async def fill(queue: MessageQueue, count: int):
+            nonlocal sent
             for start in range(0, count, per_batch):
-                await producer.send_batch([Message(topic, body)] * min(per_batch, count - start), queue)
+                n = min(per_batch, count - start)
+                await producer.send_batch([Message(topic, body)] * n, queue)
+                sent += n
 
-        share = (args.messages - sent) // len(queues)
-        await asyncio.gather(*(fill(q, share) for q in queues))
-        print(f"filled {share * len(queues) + sent:,} messages in {time.perf_counter() - t0:.1f} s", flush=True)
+        remaining = max(0, args.messages - sent)
+        shares = [remaining // len(queues) + (i < remaining % len(queues)) for i in range(len(queues))]
+        async with Progress("fill", lambda: sent, args.messages):
+            await asyncio.gather(*(fill(q, n) for q, n in zip(queues, shares, strict=True)))
+        print(f"filled {sent:,} messages in {time.perf_counter() - t0:.1f} s", flush=True)
     async with PullConsumer("BENCH_CG", namesrv) as consumer:
         queues = await consumer.fetch_subscribe_queues(topic)
         stats = Stats("consumer")
         stats.started = time.perf_counter()
-        total = 0
 
         async def drain(queue: MessageQueue):
-            nonlocal total
             offset = 0
             end = await consumer.max_offset(queue)
             while offset < end:
                 t0 = time.perf_counter()
                 result = await consumer.pull(queue, offset, max_nums=args.pull_batch)
                 stats.latencies.append(time.perf_counter() - t0)
-                total += len(result.messages)
                 stats.count += len(result.messages)
                 offset = result.next_begin_offset
 
-        await asyncio.gather(*(drain(q) for q in queues))
-        return stats.summary(size=args.size, messages=total, pull_batch=args.pull_batch)
+        async with Progress("drain", lambda: stats.count, sent):
+            await asyncio.gather(*(drain(q) for q in queues))
+        if stats.count != sent:
+            print(f"WARNING: drained {stats.count:,} messages but filled {sent:,}", flush=True)
+        return stats.summary(size=args.size, filled=sent, pull_batch=args.pull_batch)
 
 
 class BenchListener:
@@ -273,7 +349,7 @@ async def main_async(args) -> None:
             tx = await run_transaction(args, namesrv, metrics_addr, "transaction-commit")
             print(f"SUMMARY mode=compare plain_tps={plain:,.0f} transactional_tps={tx:,.0f} ratio={tx / plain:.2f}")
     finally:
-        if proc is not None:
+        if proc is not None and proc.returncode is None:
             proc.send_signal(signal.SIGTERM)
             await proc.wait()
 
@@ -297,11 +373,7 @@ def main() -> None:
     parser.add_argument("--check-timeout", type=int, default=1000, help="broker transactionTimeOut, ms")
     parser.add_argument("--check-interval", type=int, default=30_000, help="broker transactionCheckInterval, ms")
     args = parser.parse_args()
-    loop = new_event_loop()
-    try:
-        loop.run_until_complete(main_async(args))
-    finally:
-        loop.close()
+    run_main(main_async(args))
 
 
 if __name__ == "__main__":

@@ -6,19 +6,23 @@ the group, and times one pass of the scheduler (reads the due halves, writes P c
 persists the new check counts).
 
     python scripts/bench_check_pass.py --decided 1000000 --pending 1000
+
+The fill prints its progress every second. Without --store the store is a temporary folder, removed at the end
+(also on an error or Ctrl-C).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from halfmq.broker.cli import new_event_loop  # noqa: E402
+from bench import Progress, run_main, temp_store  # noqa: E402
+
 from halfmq.broker.config import build_config  # noqa: E402
 from halfmq.broker.server import Broker  # noqa: E402
 from halfmq.protocol import properties as P  # noqa: E402
@@ -43,17 +47,27 @@ async def fill(root: str, decided: int, pending: int) -> None:
     await store.open()
     started = time.perf_counter()
     total = decided + pending
-    for start in range(0, total, BATCH):
-        prepared = [store.submit(PrepareHalf(half_request(i), HalfState(HalfStatus.PREPARED, GROUP, "BenchTx", 0,
-                                                                        f"{i:032X}", 0, 0, 0), 0))
-                    for i in range(start, min(start + BATCH, total))]
-        results = [await c for c in prepared]
-        decisions = [store.submit(DecideHalf(result.physical_offset, GROUP, result.queue_offset, False, False))
-                     for i, (result, _state) in enumerate(results, start) if i < decided]
-        for completion in decisions:
-            await completion
-    await store.close()
-    print(f"filled {decided} decided + {pending} pending in {time.perf_counter() - started:.1f} s")
+    done = 0
+    try:
+        async with Progress("fill", lambda: done, total):
+            for start in range(0, total, BATCH):
+                await fill_batch(store, start, min(start + BATCH, total), decided)
+                done = min(start + BATCH, total)
+    finally:
+        await store.close()
+    print(f"filled {decided} decided + {pending} pending in {time.perf_counter() - started:.1f} s", flush=True)
+
+
+async def fill_batch(store: MessageStore, start: int, end: int, decided: int) -> None:
+    """Halves ``start..end-1``, those below ``decided`` rolled back."""
+    prepared = [store.submit(PrepareHalf(half_request(i), HalfState(HalfStatus.PREPARED, GROUP, "BenchTx", 0,
+                                                                    f"{i:032X}", 0, 0, 0), 0))
+                for i in range(start, end)]
+    results = [await c for c in prepared]
+    decisions = [store.submit(DecideHalf(result.physical_offset, GROUP, result.queue_offset, False, False))
+                 for i, (result, _state) in enumerate(results, start) if i < decided]
+    for completion in decisions:
+        await completion
 
 
 PRODUCER = """
@@ -64,8 +78,9 @@ async def main():
     producer = await RawClient.connect(sys.argv[1])
     await producer.heartbeat("bench-producer", producer_groups=[sys.argv[2]])
     print("registered", flush=True)
+    expected = int(await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline))
     received = 0
-    while received < int(sys.argv[4]):
+    while received < expected:
         await asyncio.wait_for(producer.incoming.get(), 60)
         received += 1
     print(received, flush=True)
@@ -78,20 +93,31 @@ async def measure(root: str, pending: int) -> float:
                                   "metricsPromExporterPort": -1, "storePathRootDir": root, "mapSize": 16 << 30,
                                   "transactionCheckInterval": 3_600_000, "transactionTimeOut": 3_600_000}))
     await broker.start()
+    try:
+        return await time_pass(broker, pending)
+    finally:
+        await broker.stop()
+
+
+async def time_pass(broker: Broker, pending: int) -> float:
     service = broker.ctx.check_back
     await service.stop()  # time the pass by hand, not from the service's timer
     # The producer is another process, as in production: its decoding of the checks is not the broker's cost.
     producer = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", PRODUCER, broker.addr, GROUP, str(Path(__file__).resolve().parents[1]), str(pending),
-        stdout=asyncio.subprocess.PIPE)
+        sys.executable, "-c", PRODUCER, broker.addr, GROUP, str(Path(__file__).resolve().parents[1]),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
     assert (await asyncio.wait_for(producer.stdout.readline(), 30)).strip() == b"registered"
     started = time.perf_counter()
     handled = await service.run_pass()
     elapsed = time.perf_counter() - started
+    # A pass sends a producer at most as many checks as it may have unread (the rest wait for the next pass):
+    # the producer waits for the checks this pass sent.
+    producer.stdin.write(f"{service.checks_sent}\n".encode())
+    await producer.stdin.drain()
     received = int((await asyncio.wait_for(producer.stdout.readline(), 60)).strip())
     await producer.wait()
-    await broker.stop()
-    print(f"pass handled {handled} due halves, producer received {received} checks")
+    print(f"pass handled {handled} due halves, sent {service.checks_sent} checks (the producer received "
+          f"{received}), {service.checks_undeliverable} left for the next pass (the producer's unread limit)")
     return elapsed
 
 
@@ -101,11 +127,14 @@ def main() -> None:
     parser.add_argument("--pending", type=int, default=1_000)
     parser.add_argument("--store", help="reuse (or create) this store folder")
     args = parser.parse_args()
-    root = args.store or tempfile.mkdtemp(prefix="halfmq-bench-")
-    loop = new_event_loop()
+    run_main(main_async(args))
+
+
+async def main_async(args) -> None:
+    root = args.store or temp_store()
     if not (Path(root) / "lmdb").exists():
-        loop.run_until_complete(fill(root, args.decided, args.pending))
-    elapsed = loop.run_until_complete(measure(root, args.pending))
+        await fill(root, args.decided, args.pending)
+    elapsed = await measure(root, args.pending)
     print(f"SUMMARY check_pass decided={args.decided} pending={args.pending} pass_ms={elapsed * 1000:.1f}")
 
 
