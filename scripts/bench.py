@@ -146,12 +146,11 @@ class Progress:
             pass
 
 
-async def spawn_broker(args) -> tuple[asyncio.subprocess.Process, str, str]:
-    store = temp_store()
+async def start_broker(*flags: str) -> tuple[asyncio.subprocess.Process, re.Match]:
+    """A broker subprocess on free loopback ports over a temporary store (removed by remove_temp_stores), with
+    ``flags`` added: (process, the match of its ready line: broker, namesrv and metrics addresses)."""
     cmd = [sys.executable, "-m", "halfmq.broker.cli", "broker", "--bindAddress=127.0.0.1", "--listenPort=0",
-           "--namesrvListenPort=0", "--metricsPromExporterPort=0", f"--storePathRootDir={store}",
-           f"--flushDiskType={'ASYNC_FLUSH' if args.async_flush else 'SYNC_FLUSH'}", "--logLevel=WARNING",
-           f"--transactionTimeOut={args.check_timeout}", f"--transactionCheckInterval={args.check_interval}"]
+           "--namesrvListenPort=0", f"--storePathRootDir={temp_store()}", *flags]
     proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     try:
         while True:
@@ -160,12 +159,20 @@ async def spawn_broker(args) -> tuple[asyncio.subprocess.Process, str, str]:
                 raise SystemExit("the broker exited before it was ready")
             match = READY.search(line)
             if match:
-                return proc, match.group(2).decode(), match.group(3).decode()
+                return proc, match
     except BaseException:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
         raise
+
+
+async def spawn_broker(args) -> tuple[asyncio.subprocess.Process, str, str]:
+    proc, ready = await start_broker(
+        "--metricsPromExporterPort=0", f"--flushDiskType={'ASYNC_FLUSH' if args.async_flush else 'SYNC_FLUSH'}",
+        "--logLevel=WARNING", f"--transactionTimeOut={args.check_timeout}",
+        f"--transactionCheckInterval={args.check_interval}")
+    return proc, ready.group(2).decode(), ready.group(3).decode()
 
 
 async def timed_loop(inflight: int, duration: float, op, stats: Stats) -> None:

@@ -22,7 +22,6 @@ import os
 import socket
 import struct
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -30,8 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench import READY, Stats, percentile  # noqa: E402
-from halfmq.broker.cli import new_event_loop  # noqa: E402
+from bench import Stats, percentile, run_main, start_broker  # noqa: E402
 from halfmq.client import Message, Producer, PullConsumer  # noqa: E402
 from halfmq.protocol.codes import RequestCode  # noqa: E402
 from halfmq.protocol.command import RemotingCommand  # noqa: E402
@@ -56,19 +54,10 @@ def rss_mib(pid: int) -> float:
 
 
 async def spawn_broker() -> tuple[asyncio.subprocess.Process, str, str]:
-    store = tempfile.mkdtemp(prefix="halfmq-hostile-")
-    cmd = [sys.executable, "-m", "halfmq.broker.cli", "broker", "--bindAddress=127.0.0.1", "--listenPort=0",
-           "--namesrvListenPort=0", "--metricsPromExporterPort=-1", f"--storePathRootDir={store}",
-           "--logLevel=ERROR", "--serverChannelMaxIdleTimeSeconds=0"]
-    proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-    while True:
-        line = await asyncio.wait_for(proc.stdout.readline(), 30)
-        if not line:
-            raise SystemExit("the broker exited before it was ready")
-        match = READY.search(line)
-        if match:
-            asyncio.get_running_loop().create_task(_drain(proc))
-            return proc, match.group(1).decode(), match.group(2).decode()
+    proc, ready = await start_broker("--metricsPromExporterPort=-1", "--logLevel=ERROR",
+                                     "--serverChannelMaxIdleTimeSeconds=0")
+    asyncio.get_running_loop().create_task(_drain(proc))
+    return proc, ready.group(1).decode(), ready.group(2).decode()
 
 
 async def _drain(proc) -> None:
@@ -391,8 +380,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    loop = new_event_loop()
-    try:
-        loop.run_until_complete(main())
-    finally:
-        loop.close()
+    run_main(main())  # the brokers' temporary stores are removed at the end, also after an error or Ctrl-C
