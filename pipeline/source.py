@@ -114,6 +114,8 @@ class _Reading:
         self.fail_on_data_loss = options.get("failondataloss", "true").lower() != "false"
 
     def read(self, partition: QueueRange):
+        if not isinstance(partition, QueueRange):  # Spark's placeholder when partitions() is empty
+            return
         yield from broker_io.read_range(self.namesrv, partition.topic, BROKER_NAME, partition.queue_id,
                                         partition.start, partition.end, self.tags)
 
