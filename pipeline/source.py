@@ -4,7 +4,8 @@ Options follow Spark's Kafka source where the meaning matches: ``namesrv``, ``su
 topics), ``startingOffsets`` / ``endingOffsets`` (``earliest``, ``latest`` or JSON ``{"topic": {"0": 42}}``),
 ``maxOffsetsPerTrigger``, ``failOnDataLoss``, plus ``tags`` (a tag expression). Sink options: ``topic`` (when
 the rows have no topic column), ``producerGroup``, ``sinkId`` (idempotency: a batch already committed under the
-same sinkId and batch id is never published again). Option keys arrive lower-cased.
+same sinkId and batch id is never published again). Option keys arrive lower-cased. An option a side does not
+support is refused (OptionError naming it and listing the supported ones), never silently ignored.
 
 Only committed messages are ever read: half messages live in the broker's half topic until committed.
 """
@@ -27,8 +28,24 @@ class OptionError(ValueError):
     """A data source option is missing or malformed; the message names it."""
 
 
-def _options(raw) -> dict[str, str]:
-    return {str(k).lower(): str(v) for k, v in raw.items()}
+#: The options each side understands (Spark hands them over lower-cased; these are their documented spellings).
+SOURCE_OPTIONS = ("namesrv", "subscribe", "startingOffsets", "endingOffsets", "maxOffsetsPerTrigger",
+                  "failOnDataLoss", "tags")
+SINK_OPTIONS = ("namesrv", "topic", "producerGroup", "sinkId")
+#: Options Spark itself may pass to any data source (a load/save path, a streaming sink's checkpoint).
+SPARK_OPTIONS = ("path", "checkpointLocation")
+
+
+def _options(raw, supported: tuple[str, ...], side: str) -> dict[str, str]:
+    """The options lower-cased; an option this side does not know is refused, naming it and the known ones."""
+    options = {str(k).lower(): str(v) for k, v in raw.items()}
+    known = {name.lower() for name in supported + SPARK_OPTIONS}
+    unknown = sorted(k for k in options if k not in known)
+    if unknown:
+        raise OptionError(f"unknown {side} option{'s' if len(unknown) > 1 else ''} "
+                          f"{', '.join(repr(k) for k in unknown)}; the halfmq {side} supports: "
+                          f"{', '.join(supported)}")
+    return options
 
 
 def _topics(options: dict[str, str]) -> list[str]:
@@ -93,16 +110,16 @@ class HalfmqDataSource(DataSource):
         return SCHEMA
 
     def reader(self, schema) -> "HalfmqBatchReader":
-        return HalfmqBatchReader(_options(self.options))
+        return HalfmqBatchReader(_options(self.options, SOURCE_OPTIONS, 'source'))
 
     def streamReader(self, schema) -> "HalfmqStreamReader":
-        return HalfmqStreamReader(_options(self.options))
+        return HalfmqStreamReader(_options(self.options, SOURCE_OPTIONS, 'source'))
 
     def writer(self, schema, overwrite: bool) -> "HalfmqWriter":
-        return HalfmqWriter(_options(self.options))
+        return HalfmqWriter(_options(self.options, SINK_OPTIONS, 'sink'))
 
     def streamWriter(self, schema, overwrite: bool) -> "HalfmqStreamWriter":
-        return HalfmqStreamWriter(_options(self.options))
+        return HalfmqStreamWriter(_options(self.options, SINK_OPTIONS, 'sink'))
 
 
 class _Reading:

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+from pyspark.errors import PySparkException
+from pyspark.sql import functions as F
+
 from tests.pipeline.test_spark import fill, read
 
 
@@ -13,3 +17,33 @@ def test_empty_range_reads_no_rows(spark, live_broker):
     everything = json.dumps({"EmptyT": {str(q): 0 for q in range(4)}})
     assert read(spark, live_broker, subscribe="EmptyT", endingOffsets=everything).count() == 0
     assert read(spark, live_broker, subscribe="EmptyT").count() == 6
+
+
+def test_unknown_source_option_is_refused_and_supported_ones_listed(spark, live_broker):
+    fill(live_broker, "OptT", 2)
+    with pytest.raises(PySparkException, match="startingTimestamp|startingtimestamp") as err:
+        read(spark, live_broker, subscribe="OptT", startingTimestamp="0").collect()
+    for name in ("namesrv", "subscribe", "startingOffsets", "endingOffsets", "maxOffsetsPerTrigger",
+                 "failOnDataLoss", "tags"):
+        assert name in str(err.value)
+    with pytest.raises(PySparkException, match="minOffsetsPerTrigger|minoffsetspertrigger"):
+        (spark.readStream.format("halfmq").option("namesrv", live_broker.namesrv_addr).option("subscribe", "OptT")
+         .option("minOffsetsPerTrigger", "5").load().writeStream.format("noop").start().awaitTermination(60))
+    # every option supported today is still accepted, in any case
+    assert read(spark, live_broker, subscribe="OptT", STARTINGOFFSETS="earliest", endingOffsets="latest",
+                failOnDataLoss="true", tags="*", maxOffsetsPerTrigger="10").count() == 2
+
+
+def test_unknown_sink_option_is_refused_and_supported_ones_listed(spark, live_broker):
+    df = spark.range(0, 3).select(F.col("id").cast("string").cast("binary").alias("body"))
+    def writer():  # a DataFrameWriter keeps the options set on it: a fresh one per write
+        return df.write.format("halfmq").option("namesrv", live_broker.namesrv_addr).mode("append")
+
+    with pytest.raises(PySparkException, match="subscribe") as err:  # a source option is not a sink option
+        writer().option("topic", "SinkOptT").option("subscribe", "SinkOptT").save()
+    for name in ("namesrv", "topic", "producerGroup", "sinkId"):
+        assert name in str(err.value)
+    with pytest.raises(PySparkException, match="kafka.bootstrap.servers"):
+        writer().option("topic", "SinkOptT").option("kafka.bootstrap.servers", "x:1").save()
+    writer().option("topic", "SinkOptT").option("producerGroup", "PG_OPT").option("sinkId", "s").save()
+    assert read(spark, live_broker, subscribe="SinkOptT").count() == 3
