@@ -1,9 +1,10 @@
 """The "halfmq" Spark data source (PySpark's Python Data Source API).
 
 Options follow Spark's Kafka source where the meaning matches: ``namesrv``, ``subscribe`` (comma-separated
-topics), ``startingOffsets`` / ``endingOffsets`` (``earliest``, ``latest`` or JSON ``{"topic": {"0": 42}}``),
-``maxOffsetsPerTrigger``, ``failOnDataLoss``, plus ``tags`` (a tag expression). Sink options: ``topic`` (when
-the rows have no topic column), ``producerGroup``, ``sinkId`` (idempotency: a batch already committed under the
+topics), ``startingOffsets`` / ``endingOffsets`` (``earliest``, ``latest`` or JSON ``{"topic": {"0": 42}}``
+where, as in Kafka, -2 means earliest and -1 latest; -2 is not allowed in ``endingOffsets``),
+``maxOffsetsPerTrigger``, ``failOnDataLoss``, plus ``tags`` (a tag expression). Sink options: ``topic`` (when the
+rows have no topic column), ``producerGroup``, ``sinkId`` (idempotency: a batch already committed under the
 same sinkId and batch id is never published again). Option keys arrive lower-cased. An option a side does not
 support is refused (OptionError naming it and listing the supported ones), never silently ignored.
 
@@ -69,6 +70,10 @@ class QueueRange(InputPartition):
     end: int
 
 
+#: Kafka's special offsets in the JSON form of startingOffsets / endingOffsets.
+KAFKA_EARLIEST, KAFKA_LATEST = -2, -1
+
+
 def _resolve(spec, bounds: dict[str, dict[int, tuple[int, int]]], which: str, fail_on_data_loss: bool
              ) -> dict[str, dict[str, int]]:
     """Offsets JSON (string queue keys) for every queue, from earliest/latest/explicit JSON."""
@@ -82,7 +87,18 @@ def _resolve(spec, bounds: dict[str, dict[int, tuple[int, int]]], which: str, fa
                 value = high
             else:
                 value = spec.get(topic, {}).get(queue_id, low if which == "start" else high)
-                if value < low:
+                option = "startingOffsets" if which == "start" else "endingOffsets"
+                if value == KAFKA_LATEST:
+                    value = high
+                elif value == KAFKA_EARLIEST:
+                    if which != "start":
+                        raise OptionError(f"option '{option}': -2 (earliest) is not allowed as an ending offset "
+                                          f"({topic}/{queue_id}), as in Kafka")
+                    value = low
+                elif value < 0:
+                    raise OptionError(f"option '{option}': offset {value} of {topic}/{queue_id} is negative "
+                                      f"(only -2 = earliest and -1 = latest are, as in Kafka)")
+                elif value < low:
                     if fail_on_data_loss:
                         raise OptionError(f"{which} offset {value} of {topic}/{queue_id} is no longer available "
                                           f"(the queue starts at {low}); set failOnDataLoss=false to skip ahead")

@@ -47,3 +47,21 @@ def test_unknown_sink_option_is_refused_and_supported_ones_listed(spark, live_br
         writer().option("topic", "SinkOptT").option("kafka.bootstrap.servers", "x:1").save()
     writer().option("topic", "SinkOptT").option("producerGroup", "PG_OPT").option("sinkId", "s").save()
     assert read(spark, live_broker, subscribe="SinkOptT").count() == 3
+
+
+def test_kafka_json_offsets_minus_two_earliest_minus_one_latest(spark, live_broker):
+    fill(live_broker, "KOffT", 12)
+    per_queue: dict[int, int] = {}
+    for row in read(spark, live_broker, subscribe="KOffT").collect():
+        per_queue[row.queue_id] = per_queue.get(row.queue_id, 0) + 1
+    assert len(per_queue) >= 2 and sum(per_queue.values()) == 12
+    queues = sorted(per_queue)
+    starting = json.dumps({"KOffT": {str(q): (-2 if i % 2 == 0 else -1) for i, q in enumerate(queues)}})
+    expected = sum(per_queue[q] for i, q in enumerate(queues) if i % 2 == 0)
+    assert read(spark, live_broker, subscribe="KOffT", startingOffsets=starting).count() == expected
+    ending = json.dumps({"KOffT": {str(q): -1 for q in queues}})
+    assert read(spark, live_broker, subscribe="KOffT", endingOffsets=ending).count() == 12
+    # Kafka: -2 (earliest) is not allowed as an ending offset
+    with pytest.raises(PySparkException, match="endingOffsets"):
+        read(spark, live_broker, subscribe="KOffT",
+             endingOffsets=json.dumps({"KOffT": {str(queues[0]): -2}})).collect()
