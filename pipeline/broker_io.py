@@ -8,6 +8,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
+from typing import NamedTuple
 
 import pyarrow as pa
 
@@ -35,15 +36,24 @@ FILTERED_CHUNK = 16 * PULL_BATCH
 CHUNKS_AHEAD = 2
 
 
-def queue_bounds(namesrv: str, topics: list[str]) -> dict[str, dict[int, tuple[int, int]]]:
-    """{topic: {queue id: (min offset, max offset)}} as the broker has them now."""
+class QueueBounds(NamedTuple):
+    """A queue's offsets as the broker has them now, and the broker that holds it (its brokerName)."""
+
+    low: int
+    high: int
+    broker_name: str
+
+
+def queue_bounds(namesrv: str, topics: list[str]) -> dict[str, dict[int, QueueBounds]]:
+    """{topic: {queue id: (min offset, max offset, broker name)}} as the routes and the broker have them now."""
     async def run():
         async with PullConsumer(READER_GROUP, namesrv) as consumer:
-            out: dict[str, dict[int, tuple[int, int]]] = {}
+            out: dict[str, dict[int, QueueBounds]] = {}
             for topic in topics:
                 out[topic] = {}
                 for queue in await consumer.fetch_subscribe_queues(topic):
-                    out[topic][queue.queue_id] = (await consumer.min_offset(queue), await consumer.max_offset(queue))
+                    out[topic][queue.queue_id] = QueueBounds(await consumer.min_offset(queue),
+                                                             await consumer.max_offset(queue), queue.broker_name)
             return out
     return asyncio.run(run())
 

@@ -22,7 +22,6 @@ from . import broker_io
 
 SCHEMA = ("topic string, queue_id int, queue_offset long, msg_id string, keys string, tags string, body binary, "
           "properties map<string,string>, born_timestamp timestamp, store_timestamp timestamp")
-BROKER_NAME = "broker-a"
 
 
 class OptionError(ValueError):
@@ -65,6 +64,7 @@ def _namesrv(options: dict[str, str]) -> str:
 @dataclass
 class QueueRange(InputPartition):
     topic: str
+    broker_name: str
     queue_id: int
     start: int
     end: int
@@ -74,13 +74,13 @@ class QueueRange(InputPartition):
 KAFKA_EARLIEST, KAFKA_LATEST = -2, -1
 
 
-def _resolve(spec, bounds: dict[str, dict[int, tuple[int, int]]], which: str, fail_on_data_loss: bool
+def _resolve(spec, bounds: dict[str, dict[int, broker_io.QueueBounds]], which: str, fail_on_data_loss: bool
              ) -> dict[str, dict[str, int]]:
     """Offsets JSON (string queue keys) for every queue, from earliest/latest/explicit JSON."""
     out: dict[str, dict[str, int]] = {}
     for topic, queues in bounds.items():
         out[topic] = {}
-        for queue_id, (low, high) in queues.items():
+        for queue_id, (low, high, _broker) in queues.items():
             if spec == "earliest":
                 value = low
             elif spec == "latest":
@@ -107,13 +107,18 @@ def _resolve(spec, bounds: dict[str, dict[int, tuple[int, int]]], which: str, fa
     return out
 
 
-def _partitions(start: dict, end: dict) -> list[QueueRange]:
+def _brokers(bounds: dict[str, dict[int, broker_io.QueueBounds]]) -> dict[tuple[str, str], str]:
+    """{(topic, queue id as in offsets JSON): the name of the broker holding the queue}."""
+    return {(topic, str(q)): b.broker_name for topic, queues in bounds.items() for q, b in queues.items()}
+
+
+def _partitions(start: dict, end: dict, brokers: dict[tuple[str, str], str]) -> list[QueueRange]:
     parts = []
     for topic, queues in end.items():
         for queue_id, stop in queues.items():
             begin = start.get(topic, {}).get(queue_id, 0)
             if stop > begin:
-                parts.append(QueueRange(topic, int(queue_id), begin, stop))
+                parts.append(QueueRange(topic, brokers[(topic, str(queue_id))], int(queue_id), begin, stop))
     return parts
 
 
@@ -149,7 +154,7 @@ class _Reading:
     def read(self, partition: QueueRange):
         if not isinstance(partition, QueueRange):  # Spark's placeholder when partitions() is empty
             return
-        yield from broker_io.read_range(self.namesrv, partition.topic, BROKER_NAME, partition.queue_id,
+        yield from broker_io.read_range(self.namesrv, partition.topic, partition.broker_name, partition.queue_id,
                                         partition.start, partition.end, self.tags)
 
 
@@ -159,7 +164,7 @@ class HalfmqBatchReader(_Reading, DataSourceReader):
         start = _resolve(broker_io.parse_offsets(self.options.get("startingoffsets"), "earliest"), bounds, "start",
                          self.fail_on_data_loss)
         end = _resolve(broker_io.parse_offsets(self.options.get("endingoffsets"), "latest"), bounds, "end", False)
-        return _partitions(start, end)
+        return _partitions(start, end, _brokers(bounds))
 
 
 class HalfmqStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -169,6 +174,7 @@ class HalfmqStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvaila
     def __init__(self, options: dict[str, str]):
         super().__init__(options)
         self.target: dict | None = None
+        self.brokers: dict[tuple[str, str], str] = {}
         text = options.get("maxoffsetspertrigger")
         try:
             self.max_per_trigger = int(text) if text else None
@@ -176,7 +182,9 @@ class HalfmqStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvaila
             raise OptionError(f"option 'maxOffsetsPerTrigger' is not an integer: {text!r}") from None
 
     def _bounds(self):
-        return broker_io.queue_bounds(self.namesrv, self.topics)
+        bounds = broker_io.queue_bounds(self.namesrv, self.topics)
+        self.brokers.update(_brokers(bounds))
+        return bounds
 
     def initialOffset(self) -> dict:
         return _resolve(broker_io.parse_offsets(self.options.get("startingoffsets"), "latest"), self._bounds(),
@@ -214,7 +222,10 @@ class HalfmqStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvaila
         return capped
 
     def partitions(self, start: dict, end: dict):
-        return _partitions(start, end)
+        # After a restart Spark may plan the batch it was running from its checkpoint before asking for offsets.
+        if any((t, str(q)) not in self.brokers for t, qs in end.items() for q in qs):
+            self._bounds()
+        return _partitions(start, end, self.brokers)
 
     def commit(self, end: dict) -> None:
         """Nothing to do: progress lives in Spark's checkpoint."""

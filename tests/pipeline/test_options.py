@@ -8,7 +8,8 @@ import pytest
 from pyspark.errors import PySparkException
 from pyspark.sql import functions as F
 
-from tests.pipeline.test_spark import fill, read
+from tests.pipeline.test_spark import fill, read, stream_to_parquet
+from tests.support.broker_thread import BrokerThread
 
 
 def test_empty_range_reads_no_rows(spark, live_broker):
@@ -65,3 +66,23 @@ def test_kafka_json_offsets_minus_two_earliest_minus_one_latest(spark, live_brok
     with pytest.raises(PySparkException, match="endingOffsets"):
         read(spark, live_broker, subscribe="KOffT",
              endingOffsets=json.dumps({"KOffT": {str(queues[0]): -2}})).collect()
+
+
+@pytest.fixture
+def named_broker(tmp_path):
+    bt = BrokerThread(tmp_path / "store", brokerName="broker-z")
+    yield bt.broker
+    bt.stop()
+
+
+def test_any_broker_name(spark, named_broker, tmp_path):
+    fill(named_broker, "NamedT", 10)
+    assert sorted(r.body for r in read(spark, named_broker, subscribe="NamedT").collect()) == sorted(
+        f"m{i}".encode() for i in range(10))
+    out = tmp_path / "out"
+    stream_to_parquet(spark, named_broker, out, tmp_path / "checkpoint", subscribe="NamedT")
+    assert spark.read.parquet(str(out)).count() == 10
+    df = spark.range(0, 5, numPartitions=2).select(F.col("id").cast("string").cast("binary").alias("body"))
+    df.write.format("halfmq").option("namesrv", named_broker.namesrv_addr).option("topic", "NamedSink") \
+        .mode("append").save()
+    assert sorted(int(r.body) for r in read(spark, named_broker, subscribe="NamedSink").collect()) == list(range(5))
