@@ -67,7 +67,6 @@ class WriterLink:
         self.transport: asyncio.Transport | None = None
         self.waiting: collections.deque[_Group] = collections.deque()  # sent, not yet published; oldest first
         self.next_gid = 1
-        self.max_key = 511
         self.closing = False
         self._ready: asyncio.Future | None = None
         self._closed: asyncio.Future | None = None
@@ -126,7 +125,7 @@ class WriterLink:
                 self._ready.set_exception(CorruptStoreError(f"the store at {self.args[0]} cannot be opened: "
                                                             f"{message[1]}"))
         elif kind == "ready":
-            _kind, queue_max, topic_ids, self.max_key = message
+            _kind, queue_max, topic_ids = message
             self.on_ready(queue_max, topic_ids)
             if self._ready is not None and not self._ready.done():
                 self._ready.set_result(None)

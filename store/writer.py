@@ -308,7 +308,7 @@ def serve(path: str, map_size: int, sync_each: bool, flush_interval_s: float, so
     answers = _Answers(link)
     syncer = _MetaSyncer(env, answers)
     syncer.start()
-    link.send(("ready", counters.queue_max, counters.topic_ids, writer.max_key))
+    link.send(("ready", counters.queue_max, counters.topic_ids))
     last_gid = 0
     while True:
         # ASYNC_FLUSH: groups are answered at commit; the meta page is synced once per flush interval.
