@@ -13,6 +13,7 @@ from halfmq.protocol.codes import RequestCode, ResponseCode
 from halfmq.protocol.message import decode_offset_msg_id
 from halfmq.store import StoreLockedError
 
+from tests.support.damage import flip_body_byte
 from tests.support.raw import RawClient
 
 
@@ -33,18 +34,6 @@ async def test_a_second_broker_on_a_store_in_use_refuses_to_start(broker_factory
     client.close()
 
 
-def _flip(store_dir, body: bytes) -> None:
-    path = os.path.join(store_dir, "lmdb", "data.mdb")
-    with open(path, "r+b") as f:
-        data = f.read()
-        at = data.find(body)
-        assert at >= 0
-        while at >= 0:
-            f.seek(at)
-            f.write(bytes([data[at] ^ 0x01]))
-            at = data.find(body, at + 1)
-
-
 async def test_a_flipped_body_byte_is_never_served_as_success(broker_factory, tmp_path):
     broker = await broker_factory()
     client = await RawClient.connect(broker.addr)
@@ -53,7 +42,7 @@ async def test_a_flipped_body_byte_is_never_served_as_success(broker_factory, tm
         assert (await client.send("Crc", b"later %d" % i)).code == ResponseCode.SUCCESS
     client.close()
     await broker.stop()
-    _flip(tmp_path / "store", b"victim-body-0123456789")
+    flip_body_byte(tmp_path / "store", b"victim-body-0123456789")
     broker = await broker_factory()
     client = await RawClient.connect(broker.addr)
     pulled = await client.pull("Crc", 0, 0)

@@ -16,6 +16,8 @@ from halfmq.store.ops import DeleteTopic, PutMessage, PutMessages, PutMeta, PutT
 from halfmq.store.store import StoredEntry
 from halfmq.store.txops import DecideHalf, PrepareHalf
 
+from tests.support.damage import flip_body_byte
+
 
 def request(topic="T", queue_id=0, body=b"x", tag=None, index=True, keys=None):
     props = {"TAGS": tag} if tag else {}
@@ -203,24 +205,12 @@ async def test_a_second_owner_is_refused_naming_the_folder_and_process(open_stor
         await open_store()
 
 
-def _flip_body_byte(root, body: bytes) -> None:
-    path = os.path.join(root, "lmdb", "data.mdb")
-    with open(path, "r+b") as f:
-        data = f.read()
-        at = data.find(body)
-        assert at >= 0
-        while at >= 0:  # every copy: LMDB's copy-on-write may have left older page versions in the file
-            f.seek(at)
-            f.write(bytes([data[at] ^ 0xFF]))
-            at = data.find(body, at + 1)
-
-
 async def test_a_flipped_body_byte_is_never_served(open_store, tmp_path):
     store = await open_store()
     old = await put(store, request(body=b"old-body-0123456789"))
     await put(store, *[request(body=b"newer %d" % i) for i in range(100)])
     await store.close()
-    _flip_body_byte(tmp_path, b"old-body-0123456789")
+    flip_body_byte(tmp_path, b"old-body-0123456789")
     store = await open_store()  # the damage is older than what the start-up check reads
     with pytest.raises(CorruptRecordError, match=f"offset {old[0].physical_offset}"):
         store.read_queue("T", 0, 0, 10, None, 1 << 20)
@@ -235,7 +225,7 @@ async def test_a_corrupted_store_refuses_to_open_naming_it(open_store, tmp_path)
     store = await open_store()
     await put(store, request(body=b"newest-body-abcdef"))
     await store.close()
-    _flip_body_byte(tmp_path, b"newest-body-abcdef")
+    flip_body_byte(tmp_path, b"newest-body-abcdef")
     with pytest.raises(CorruptStoreError, match=f"{tmp_path}.*CRC"):
         await open_store()
     os.truncate(os.path.join(tmp_path, "lmdb", "data.mdb"), 8192)  # a torn file: LMDB cannot open it
