@@ -14,38 +14,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStreamReader, DataSourceStreamWriter,
-                                    DataSourceWriter, InputPartition, WriterCommitMessage)
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
 
 from . import broker_io
+from .options import SINK_OPTIONS, SOURCE_OPTIONS, OptionError, namesrv_option, parse_options
+from .sink import HalfmqStreamWriter, HalfmqWriter
 
 SCHEMA = ("topic string, queue_id int, queue_offset long, msg_id string, keys string, tags string, body binary, "
           "properties map<string,string>, born_timestamp timestamp, store_timestamp timestamp")
-
-
-class OptionError(ValueError):
-    """A data source option is missing or malformed; the message names it."""
-
-
-#: The options each side understands (Spark hands them over lower-cased; these are their documented spellings).
-SOURCE_OPTIONS = ("namesrv", "subscribe", "startingOffsets", "endingOffsets", "maxOffsetsPerTrigger",
-                  "failOnDataLoss", "tags")
-SINK_OPTIONS = ("namesrv", "topic", "producerGroup", "sinkId")
-#: Options Spark itself may pass to any data source (a load/save path, a streaming sink's checkpoint).
-SPARK_OPTIONS = ("path", "checkpointLocation")
-
-
-def _options(raw, supported: tuple[str, ...], side: str) -> dict[str, str]:
-    """The options lower-cased; an option this side does not know is refused, naming it and the known ones."""
-    options = {str(k).lower(): str(v) for k, v in raw.items()}
-    known = {name.lower() for name in supported + SPARK_OPTIONS}
-    unknown = sorted(k for k in options if k not in known)
-    if unknown:
-        raise OptionError(f"unknown {side} option{'s' if len(unknown) > 1 else ''} "
-                          f"{', '.join(repr(k) for k in unknown)}; the halfmq {side} supports: "
-                          f"{', '.join(supported)}")
-    return options
 
 
 def _topics(options: dict[str, str]) -> list[str]:
@@ -53,12 +30,6 @@ def _topics(options: dict[str, str]) -> list[str]:
     if not topics:
         raise OptionError("option 'subscribe' (comma-separated topics) is required to read")
     return topics
-
-
-def _namesrv(options: dict[str, str]) -> str:
-    if not options.get("namesrv"):
-        raise OptionError("option 'namesrv' (the name server address, host:port) is required")
-    return options["namesrv"]
 
 
 @dataclass
@@ -131,22 +102,22 @@ class HalfmqDataSource(DataSource):
         return SCHEMA
 
     def reader(self, schema) -> "HalfmqBatchReader":
-        return HalfmqBatchReader(_options(self.options, SOURCE_OPTIONS, 'source'))
+        return HalfmqBatchReader(parse_options(self.options, SOURCE_OPTIONS, 'source'))
 
     def streamReader(self, schema) -> "HalfmqStreamReader":
-        return HalfmqStreamReader(_options(self.options, SOURCE_OPTIONS, 'source'))
+        return HalfmqStreamReader(parse_options(self.options, SOURCE_OPTIONS, 'source'))
 
-    def writer(self, schema, overwrite: bool) -> "HalfmqWriter":
-        return HalfmqWriter(_options(self.options, SINK_OPTIONS, 'sink'))
+    def writer(self, schema, overwrite: bool) -> HalfmqWriter:
+        return HalfmqWriter(parse_options(self.options, SINK_OPTIONS, 'sink'))
 
-    def streamWriter(self, schema, overwrite: bool) -> "HalfmqStreamWriter":
-        return HalfmqStreamWriter(_options(self.options, SINK_OPTIONS, 'sink'))
+    def streamWriter(self, schema, overwrite: bool) -> HalfmqStreamWriter:
+        return HalfmqStreamWriter(parse_options(self.options, SINK_OPTIONS, 'sink'))
 
 
 class _Reading:
     def __init__(self, options: dict[str, str]):
         self.options = options
-        self.namesrv = _namesrv(options)
+        self.namesrv = namesrv_option(options)
         self.topics = _topics(options)
         self.tags = options.get("tags", "*") or "*"
         self.fail_on_data_loss = options.get("failondataloss", "true").lower() != "false"
@@ -229,86 +200,6 @@ class HalfmqStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvaila
 
     def commit(self, end: dict) -> None:
         """Nothing to do: progress lives in Spark's checkpoint."""
-
-
-class HalfmqCommit(WriterCommitMessage):
-    def __init__(self, halves: list):
-        self.halves = halves
-
-
-class _Writing:
-    def __init__(self, options: dict[str, str]):
-        self.namesrv = _namesrv(options)
-        self.topic = options.get("topic")
-        self.group = options.get("producergroup", "halfmq-spark-sink")
-        self.sink_id = options.get("sinkid")
-
-    def _messages(self, rows, partition_tag: str):
-        from halfmq.client import Message
-
-        out = []
-        for index, row in enumerate(rows):
-            values = row.asDict()
-            topic = values.get("topic") or self.topic
-            if not topic:
-                raise OptionError("rows need a 'topic' column or the sink needs option 'topic'")
-            body = values.get("body")
-            if body is None:
-                raise OptionError("rows need a 'body' column")
-            props = dict(values.get("properties") or {})
-            props["HALFMQ_IDEMPOTENCY_KEY"] = f"{partition_tag}-{index}"
-            out.append(Message(topic, bytes(body) if not isinstance(body, str) else body.encode(),
-                               tags=values.get("tags"), keys=values.get("keys"), properties=props,
-                               check_immunity_seconds=broker_io.SINK_IMMUNITY_SECONDS))
-        return out
-
-    def _write(self, iterator, partition_tag: str) -> HalfmqCommit:
-        return HalfmqCommit(broker_io.send_halves(self.namesrv, self.group, self._messages(iterator, partition_tag)))
-
-    def _end(self, messages, commit: bool) -> None:
-        halves = [h for m in messages if m is not None for h in m.halves]
-        if halves:
-            broker_io.end_halves(self.namesrv, self.group, halves, commit)
-
-
-class HalfmqWriter(_Writing, DataSourceWriter):
-    """Each task stores its rows as half messages; commit() publishes them all, abort() none."""
-
-    def write(self, iterator) -> HalfmqCommit:
-        from pyspark import TaskContext
-
-        ctx = TaskContext.get()
-        tag = f"batch-{ctx.stageId()}-{ctx.partitionId()}-{ctx.attemptNumber()}" if ctx else "batch"
-        return self._write(iterator, tag)
-
-    def commit(self, messages) -> None:
-        self._end(messages, True)
-
-    def abort(self, messages) -> None:
-        self._end(messages, False)
-
-
-class HalfmqStreamWriter(_Writing, DataSourceStreamWriter):
-    """Per micro-batch: halves from every task, then one commit or abort. With ``sinkId`` a batch id that was
-    already committed (a replay after a driver crash) is rolled back instead of published twice."""
-
-    def write(self, iterator) -> HalfmqCommit:
-        from pyspark import TaskContext
-
-        ctx = TaskContext.get()
-        tag = f"{self.sink_id or 'stream'}-{ctx.partitionId() if ctx else 0}-{ctx.attemptNumber() if ctx else 0}"
-        return self._write(iterator, tag)
-
-    def commit(self, messages, batchId: int) -> None:
-        if self.sink_id and broker_io.batch_committed(self.namesrv, self.sink_id, batchId):
-            self._end(messages, False)
-            return
-        self._end(messages, True)
-        if self.sink_id:
-            broker_io.mark_batch_committed(self.namesrv, self.group, self.sink_id, batchId)
-
-    def abort(self, messages, batchId: int) -> None:
-        self._end(messages, False)
 
 
 __all__ = ["HalfmqDataSource", "SCHEMA", "OptionError"]

@@ -6,7 +6,7 @@ import socket
 import pytest
 
 from halfmq.client.errors import ClientError
-from halfmq.pipeline.broker_io import batch_committed, mark_batch_committed
+from halfmq.pipeline.sink_io import batch_committed, mark_batch_committed
 
 
 def unused_loopback_addr() -> str:
