@@ -41,8 +41,20 @@ class BrokerConfig:
     namesrvListenPort: int = _doc("built-in name server port (0 = any free port, -1 = off)", default=9876,
                                   meta={"min": -1, "max": 65535})
     storePathRootDir: str = _doc("folder holding the LMDB store", default="./store_data")
-    mapSize: int = _doc("LMDB map size in bytes: the most the store can hold", default=8 << 30,
-                        meta={"min": 1 << 20})
+    mapSize: int = _doc("LMDB map size in bytes to start with; the store grows it (doubling) up to maxMapSize "
+                        "when it fills", default=1 << 30, meta={"min": 1 << 20})
+    maxMapSize: int = _doc("the most the LMDB map grows to, bytes: with the free space of its disk, the store's "
+                           "limit, of which the disk*Ratio keys are percentages", default=64 << 30,
+                           meta={"min": 1 << 20})
+    fileReservedTime: float = _doc("hours a message is kept; older ones are deleted, oldest first (fractions "
+                                   "allowed: 0.01 = 36 s)", default=72.0, meta={"min": 0.0001})
+    cleanResourceInterval: int = _doc("ms between retention passes (and deleted topics' purges)", default=10_000,
+                                      meta={"min": 10})
+    diskMaxUsedSpaceRatio: int = _doc("percent of the store's limit above which the oldest messages are deleted "
+                                      "whatever their age", default=75, meta={"min": 10, "max": 95})
+    diskSpaceWarningLevelRatio: int = _doc("percent of the store's limit above which sends are refused (code 14) "
+                                           "until retention brings it below; reads go on", default=90,
+                                           meta={"min": 10, "max": 99})
     flushDiskType: str = _doc("SYNC_FLUSH: acknowledge after a synced commit; ASYNC_FLUSH: sync on an interval",
                               default="SYNC_FLUSH", meta={"choices": ("SYNC_FLUSH", "ASYNC_FLUSH")})
     flushIntervalCommitLog: int = _doc("ASYNC_FLUSH sync interval, ms", default=500, meta={"min": 1})
@@ -169,7 +181,7 @@ def parse_delay_levels(text: str) -> list[int]:
 
 def _convert(name: str, raw: Any) -> Any:
     f = FIELDS[name]
-    kind = f.type if isinstance(f.type, type) else {"str": str, "int": int, "bool": bool}[f.type]
+    kind = f.type if isinstance(f.type, type) else {"str": str, "int": int, "bool": bool, "float": float}[f.type]
     meta = f.metadata
     if kind is bool:
         if isinstance(raw, bool):
@@ -178,11 +190,13 @@ def _convert(name: str, raw: Any) -> Any:
             value = str(raw).strip().lower() == "true"
         else:
             raise ConfigError(f"{name}: {raw!r} is not true or false")
-    elif kind is int:
+    elif kind in (int, float):
         try:
-            value = int(str(raw).strip())
+            value = kind(str(raw).strip())
         except ValueError:
-            raise ConfigError(f"{name}: {raw!r} is not an integer") from None
+            raise ConfigError(f"{name}: {raw!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ConfigError(f"{name}: {raw!r} is not a finite number")
         if "min" in meta and value < meta["min"] or "max" in meta and value > meta["max"]:
             raise ConfigError(f"{name}: {value} is outside {meta.get('min')}..{meta.get('max')}")
     else:

@@ -30,6 +30,7 @@ class BrokerContext:
     schedule: object = None
     transactions: object = None
     check_back: object = None
+    retention: object = None
     metrics: object = None
     #: broker/acl.AccessValidator: processors ask it about the records they read (check_record).
     acl: object = None

@@ -31,6 +31,7 @@ from .processors.send import SendProcessor
 from .services.offsets import ConsumerOffsetManager
 from .services.periodic import PeriodicTask
 from .services.check_back import CheckBackService
+from .services.retention import RetentionService
 from .services.schedule import ScheduleService
 from .services.transaction import TransactionStates
 from .topics import TopicManager
@@ -91,7 +92,7 @@ class Broker:
         cfg = self.config
         loop = asyncio.get_running_loop()
         self.store = MessageStore(StoreConfig(root=cfg.storePathRootDir, map_size=cfg.mapSize,
-                                              flush_disk_type=cfg.flushDiskType,
+                                              max_map_size=cfg.maxMapSize, flush_disk_type=cfg.flushDiskType,
                                               flush_interval_ms=cfg.flushIntervalCommitLog))
         await self.store.open()
         try:
@@ -118,6 +119,7 @@ class Broker:
         self.dispatcher.request_observer = ctx.metrics.request_done
         ctx.transactions = TransactionStates(ctx)
         ctx.check_back = CheckBackService(ctx, ctx.transactions)
+        ctx.retention = RetentionService(ctx)
 
         # Both listeners bound their connections as configured (memory, requests in progress, partial frames).
         self.dispatcher.limits = self.namesrv_dispatcher.limits = ConnectionLimits.from_config(cfg)
@@ -146,6 +148,7 @@ class Broker:
         self.store.add_arrival_listener(ctx.schedule.on_arrival)
         ctx.schedule.start()
         ctx.check_back.start()
+        ctx.retention.start()
 
         self.periodic = [
             PeriodicTask("flush-consumer-offsets", cfg.flushConsumerOffsetInterval / 1000, offsets.flush),
@@ -247,6 +250,8 @@ class Broker:
                     await self.ctx.check_back.stop()
                 if self.ctx.schedule is not None:
                     await self.ctx.schedule.stop()
+                if self.ctx.retention is not None:
+                    await self.ctx.retention.stop()
                 for task in self.periodic:
                     await task.stop()
                 try:

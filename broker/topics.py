@@ -20,7 +20,8 @@ import logging
 from dataclasses import asdict, dataclass
 
 from halfmq.protocol.codes import Perm, ResponseCode
-from halfmq.store.ops import DeleteTopic, PutTopic
+from halfmq.store.lifecycle import DeleteTopic
+from halfmq.store.ops import PutTopic
 
 from .errors import BrokerError
 from .names import DLQ_PREFIX, RETRY_PREFIX, validate_topic_name  # noqa: F401 (re-exported)
@@ -130,7 +131,7 @@ class TopicManager:
         kind = _kind(name)
         if kind is not None:
             self._counts[kind] -= 1
-        await self.store.submit(DeleteTopic(name))
+        self.store.forget_topic(name, await self.store.submit(DeleteTopic(name)))
         return True
 
     async def ensure_for_send(self, name: str, default_topic: str, default_queue_nums: int) -> TopicConfig:

@@ -13,6 +13,7 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import NamedTuple
 
 from .codes import SysFlag
 from .errors import MessageFormatError
@@ -412,3 +413,43 @@ def tags_hash(tag: str | None) -> int:
 def _utf16_units(text: str):
     raw = text.encode("utf-16-be")
     return struct.unpack(f">{len(raw) // 2}H", raw)
+
+
+class RecordPlace(NamedTuple):
+    """Where a stored record belongs and when it was stored (what retention needs to delete it everywhere)."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    store_timestamp: int
+    properties_text: str
+
+
+def record_place(buf) -> RecordPlace:
+    """The topic, queue id, queue offset, store timestamp and raw property string of an encoded record, decoding
+    no other field (no body copy, no property parsing).
+
+    Raises:
+        MessageFormatError: ``buf`` is not a well-formed record.
+    """
+    try:
+        (queue_id,) = _I32.unpack_from(buf, 12)
+        (queue_offset,) = _I64.unpack_from(buf, QUEUE_OFFSET_POS)
+        (store_ts,) = _I64.unpack_from(buf, store_timestamp_pos(buf))
+        (magic,) = _HEAD_MAGIC.unpack_from(buf, 4)
+        p = _body_length_pos(buf)
+        (body_len,) = _I32.unpack_from(buf, p)
+        p += 4 + body_len
+        if magic == MAGIC_V2:
+            (topic_len,) = _U16.unpack_from(buf, p)
+            p += 2
+        else:
+            topic_len = buf[p]
+            p += 1
+        topic = bytes(buf[p:p + topic_len]).decode()
+        p += topic_len
+        (props_len,) = _U16.unpack_from(buf, p)
+        props = bytes(buf[p + 2:p + 2 + props_len]).decode()
+    except (struct.error, IndexError, UnicodeDecodeError):
+        raise MessageFormatError("truncated or malformed record") from None
+    return RecordPlace(topic, queue_id, queue_offset, store_ts, props)

@@ -24,9 +24,11 @@ class Counters:
     next_physical: int = 0
     queue_max: dict[tuple[str, int], int] = field(default_factory=dict)
     topic_ids: dict[str, int] = field(default_factory=dict)
+    #: the highest topic id ever given: a deleted topic's id is not given again (its purge may still run)
+    last_tid: int = 0
 
     def copy(self) -> "Counters":
-        return Counters(self.next_physical, dict(self.queue_max), dict(self.topic_ids))
+        return Counters(self.next_physical, dict(self.queue_max), dict(self.topic_ids), self.last_tid)
 
 
 class WriteContext:
@@ -62,7 +64,7 @@ class WriteContext:
         if keys:
             encoded = topic.encode()
             for key in keys.split():
-                self.check_key(_key_index_key(encoded, key, 0), f"the KEYS entry {key[:40]!r}")
+                self.check_key(key_index_key(encoded, key, 0), f"the KEYS entry {key[:40]!r}")
 
     # --- writes ---
     def flush(self) -> None:
@@ -76,7 +78,7 @@ class WriteContext:
     def _topic_id(self, topic: str) -> int:
         tid = self.counters.topic_ids.get(topic)
         if tid is None:
-            tid = len(self.counters.topic_ids) + 1
+            tid = self.counters.last_tid = self.counters.last_tid + 1
             self.counters.topic_ids[topic] = tid
             self.new_topics[topic] = tid
             self.txn.put(topic.encode(), TOPIC_ID.pack(tid), db=self.dbs["topic_ids"])
@@ -111,7 +113,7 @@ class WriteContext:
         if keys:
             keys_db, encoded = self.dbs["keys"], topic.encode()
             for key in keys.split():
-                self.txn.put(_key_index_key(encoded, key, physical), b"", db=keys_db)
+                self.txn.put(key_index_key(encoded, key, physical), b"", db=keys_db)
         counters.next_physical = physical + size
         return PutResult(physical, queue_offset, self.now_ms, size)
 
@@ -153,7 +155,7 @@ class WriteContext:
         self.txn.put(key.encode(), msgpack.packb(value), db=self.dbs["meta"])
 
 
-def _key_index_key(topic: bytes, key: str, physical: int) -> bytes:
+def key_index_key(topic: bytes, key: str, physical: int) -> bytes:
     return b"%s\x00%s\x00%s" % (topic, key.encode(), U64.pack(physical))
 
 

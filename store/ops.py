@@ -91,15 +91,6 @@ class PutTopic(Op):
 
 
 @dataclass(slots=True)
-class DeleteTopic(Op):
-    name: str
-
-    def apply(self, wctx: WriteContext) -> None:
-        wctx.check_key(self.name.encode(), f"the topic name {self.name[:40]!r}")
-        wctx.delete_topic(self.name)
-
-
-@dataclass(slots=True)
 class PutMeta(Op):
     key: str
     value: object

@@ -16,26 +16,41 @@ import logging
 import os
 import struct
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NamedTuple
 
 import lmdb
 import msgpack
 
-from halfmq.protocol.message import body_crc_matches
+from halfmq.protocol.errors import MessageFormatError
+from halfmq.protocol.message import body_crc_matches, record_place
 
 from .completion import Completion
 from .config import StoreConfig
-from .errors import CorruptRecordError, CorruptStoreError, StoreClosedError
+from .errors import CorruptRecordError, CorruptStoreError, StoreClosedError, StoreFullError
 from .halfs import HalfState
 from .keys import CQ_VALUE, DUE_KEY, QUEUE_KEY, U64, offset_key, parse_offset_key
+from .lifecycle import log_end
 from .link import WriterLink
-from .ops import Op
+from .ops import Op, PutMessage, PutMessages
+from .txops import PrepareHalf
 from .owner import StoreOwner
 from .writer import DBS, open_env
 
 log = logging.getLogger(__name__)
 MIN_SCAN = 800
+#: ops that store new messages: refused while the store is above its hard use ratio (decisions still go through)
+ADDS_MESSAGES = (PutMessage, PutMessages, PrepareHalf)
 START_CHECK_RECORDS = 64  #: newest records whose CRC is checked at start
+
+
+class StoreUsage(NamedTuple):
+    used_bytes: int    #: pages holding data
+    file_bytes: int    #: the data file (pages in use plus free pages LMDB reuses)
+    limit_bytes: int   #: the most the store can take: min(maxMapSize, data file + free disk space)
+
+    @property
+    def ratio(self) -> float:
+        return self.used_bytes / self.limit_bytes if self.limit_bytes else 1.0
 
 
 @dataclass(frozen=True)
@@ -57,6 +72,10 @@ class MessageStore:
         self.owner = StoreOwner(self.path)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.queue_max: dict[tuple[str, int], int] = {}
+        #: first offset still held per queue (absent: 0); it moves up as retention deletes
+        self.queue_min: dict[tuple[str, int], int] = {}
+        #: why new messages are refused (the store is above its hard use ratio), or None
+        self.refusing: str | None = None
         self.topic_ids: dict[str, int] = {}
         self.listeners: list[Callable[[str, int, int], None]] = []
         #: called after each batch of writes was resolved (the broker writes the answers they completed)
@@ -81,17 +100,20 @@ class MessageStore:
         os.makedirs(self.path, exist_ok=True)
         lock_fd = self.owner.acquire()
         self.loop = asyncio.get_running_loop()
-        self.link = WriterLink(self.path, cfg.map_size, cfg.flush_disk_type == "SYNC_FLUSH", cfg.flush_interval_ms,
+        self.link = WriterLink(self.path, cfg.map_size, max(cfg.map_size, cfg.max_map_size),
+                               cfg.flush_disk_type == "SYNC_FLUSH", cfg.flush_interval_ms,
                                self._publish, self._on_writer_ready, inherit_fds=(lock_fd,))
         self.link.new_topics = lambda topics: self.topic_ids.update(topics)
         try:
             await self.link.start()
             try:
-                self.env = open_env(self.path, cfg.map_size, readonly=True)
+                # Readers map the most the store may grow to: the writer's growth never invalidates their map.
+                self.env = open_env(self.path, max(cfg.map_size, cfg.max_map_size), readonly=True)
                 self.dbs = {name: self.env.open_db(name.encode(), create=False) for name in DBS}
             except lmdb.Error as exc:
                 raise CorruptStoreError(f"the store at {self.path} cannot be opened: {exc}") from None
             self._check_newest()
+            self._load_minimums()
         except BaseException:
             await self.link.close()
             if self.env is not None:
@@ -110,7 +132,7 @@ class MessageStore:
             cur = txn.cursor(db=self.dbs["commitlog"])
             checked = 0
             found = cur.last()
-            end = U64.unpack(cur.key())[0] + len(cur.value()) if found else 0
+            end = max(U64.unpack(cur.key())[0] + len(cur.value()) if found else 0, log_end(txn, self.dbs))
             while found and checked < START_CHECK_RECORDS:
                 offset = U64.unpack(cur.key())[0]
                 if not body_crc_matches(cur.value()):
@@ -125,6 +147,43 @@ class MessageStore:
                 if value is None or CQ_VALUE.unpack(value)[0] >= end:
                     raise CorruptStoreError(f"the store at {self.path} is corrupted: queue {topic}/{queue_id} "
                                             "points past the end of the commit log")
+
+    def _load_minimums(self) -> None:
+        """Each queue's first offset whose record is still held (retention deletes records oldest first and may
+        leave a queue's entries behind a record it had to keep: they are skipped here, as readers skip them)."""
+        with self.env.begin() as txn:
+            cq, log_db = txn.cursor(db=self.dbs["cq"]), self.dbs["commitlog"]
+            for (topic, queue_id), top in self.queue_max.items():
+                tid = self.topic_ids.get(topic)
+                if tid is None or not cq.set_range(QUEUE_KEY.pack(tid, queue_id, 0)):
+                    continue
+                low = top
+                for key, value in cq:
+                    key_tid, key_queue, offset = QUEUE_KEY.unpack(key)
+                    if key_tid != tid or key_queue != queue_id:
+                        break
+                    if txn.get(U64.pack(CQ_VALUE.unpack(value)[0]), db=log_db) is not None:
+                        low = offset
+                        break
+                if low:
+                    self.queue_min[(topic, queue_id)] = low
+
+    def advance_minimums(self, mins: dict) -> None:
+        """Retention deleted the records below these offsets: {(topic, queue id): new first offset}."""
+        queue_min = self.queue_min
+        for queue, low in mins.items():
+            if low > queue_min.get(queue, 0):
+                queue_min[queue] = low
+
+    def forget_topic(self, name: str, tid: int | None) -> None:
+        """A deleted topic (DeleteTopic's value is its old id): its queues are gone from the readers' view, unless
+        the name already has a new id (created again in the same group)."""
+        if tid is None or self.topic_ids.get(name) not in (tid, None):
+            return
+        self.topic_ids.pop(name, None)
+        for queue in [q for q in self.queue_max if q[0] == name]:
+            del self.queue_max[queue]
+            self.queue_min.pop(queue, None)
 
     async def close(self) -> None:
         """Refuse new writes, let queued ones finish and sync, close."""
@@ -146,6 +205,9 @@ class MessageStore:
         if self.closed:
             raise StoreClosedError("the store is closed")
         completion = Completion(self.loop)
+        if self.refusing is not None and isinstance(op, ADDS_MESSAGES):
+            completion.set_exception(StoreFullError(self.refusing))
+            return completion
         # Writes made in one loop iteration go to the writer together at its end: one group.
         if not self._outbox:
             self.loop.call_soon(self._flush_outbox)
@@ -223,7 +285,7 @@ class MessageStore:
         return self.queue_max.get((topic, queue_id), 0)
 
     def min_offset(self, topic: str, queue_id: int) -> int:
-        return 0  # nothing is deleted yet
+        return self.queue_min.get((topic, queue_id), 0)
 
     def queue_ids(self, topic: str) -> list[int]:
         return sorted(q for (t, q) in self.queue_max if t == topic)
@@ -428,6 +490,32 @@ class MessageStore:
         with self.env.begin() as txn:
             rows = [(U64.unpack(k)[0], HalfState.from_bytes(v)) for k, v in txn.cursor(db=self.dbs["halfs"])]
         return iter(rows)
+
+    def oldest_store_timestamp(self) -> int | None:
+        """When the oldest record held was stored (ms), or None for an empty store."""
+        with self.env.begin() as txn:
+            cur = txn.cursor(db=self.dbs["commitlog"])
+            found = cur.first()
+            while found:
+                try:
+                    return record_place(cur.value()).store_timestamp
+                except MessageFormatError:
+                    found = cur.next()  # an unreadable record tells no time: the next one does
+        return None
+
+    def usage(self) -> StoreUsage:
+        """How full the store is: pages in use against its limit, the smaller of maxMapSize and what its disk
+        can hold (the data file plus the disk's free space)."""
+        stat = self.env.stat()
+        page = stat["psize"]
+        with self.env.begin() as txn:
+            pages = sum(txn.stat(db)[k] for db in self.dbs.values()
+                        for k in ("branch_pages", "leaf_pages", "overflow_pages"))
+        pages += stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"] + 2  # the table of tables, metas
+        file_bytes = os.stat(os.path.join(self.path, "data.mdb")).st_size
+        disk = os.statvfs(self.path)
+        limit = min(max(self.config.map_size, self.config.max_map_size), file_bytes + disk.f_bavail * disk.f_frsize)
+        return StoreUsage(pages * page, file_bytes, limit)
 
     def stats(self) -> dict:
         info = self.env.info()

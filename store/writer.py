@@ -26,6 +26,7 @@ The process is started by link.py (writer_process.py is its entry point).
 from __future__ import annotations
 
 import collections
+import errno
 import logging
 import os
 import pickle
@@ -41,6 +42,7 @@ import lmdb
 from .context import Counters, WriteContext
 from .errors import StoreError, StoreFullError
 from .keys import QUEUE_KEY, QUEUE_PREFIX, TOPIC_ID, U64
+from .lifecycle import log_end
 
 log = logging.getLogger(__name__)
 DBS = ("commitlog", "cq", "topic_ids", "offsets", "topics", "halfs", "due", "meta", "keys")
@@ -61,10 +63,13 @@ def load_counters(env: lmdb.Environment, dbs: dict) -> Counters:
         cur = txn.cursor(db=dbs["commitlog"])
         if cur.last():
             counters.next_physical = U64.unpack(cur.key())[0] + len(cur.value())
+        counters.next_physical = max(counters.next_physical, log_end(txn, dbs))
         for key, value in txn.cursor(db=dbs["topic_ids"]):
             counters.topic_ids[key.decode(errors="surrogateescape")] = TOPIC_ID.unpack(value)[0]
         names = {tid: name for name, tid in counters.topic_ids.items()}
         cur = txn.cursor(db=dbs["cq"])
+        # Ids of deleted topics whose entries are still being purged are not given again.
+        counters.last_tid = max(max(names, default=0), QUEUE_KEY.unpack(cur.key())[0] if cur.last() else 0)
         found = cur.first()
         while found:
             tid, queue_id, _offset = QUEUE_KEY.unpack(cur.key())
@@ -84,11 +89,12 @@ def load_counters(env: lmdb.Environment, dbs: dict) -> Counters:
 class GroupWriter:
     """Applies a group of ops in ONE LMDB write transaction and commits it."""
 
-    def __init__(self, env: lmdb.Environment, dbs: dict, counters: Counters):
+    def __init__(self, env: lmdb.Environment, dbs: dict, counters: Counters, max_map_size: int):
         self.env = env
         self.dbs = dbs
         self.counters = counters
         self.max_key = env.max_key_size()
+        self.max_map_size = max_map_size
 
     def commit(self, ops: list) -> tuple[list, dict, dict, bool]:
         """(outcomes, queue bounds grown, new topic ids, whether a commit (and so a data sync) happened).
@@ -110,12 +116,19 @@ class GroupWriter:
                         txn.abort()
             except lmdb.MapFullError:
                 txn.abort()
-                log.error("the LMDB map is full: %d writes refused (raise mapSize)", len(ops) - len(excluded))
+                if self._grow_map():
+                    continue
+                log.error("the LMDB map is full: %d writes refused (raise maxMapSize)", len(ops) - len(excluded))
                 return self._fail_rest(ops, excluded, outcomes, StoreFullError(
-                    "the store is full: the LMDB map reached its size limit; raise the mapSize configuration key "
-                    "(nothing of this write was stored)"))
+                    "the store is full: the LMDB map reached its limit (maxMapSize, the most mapSize grows to); raise "
+                    "it, or let retention free space (nothing of this write was stored)"))
             except Exception as exc:  # an LMDB failure at flush or commit: nothing of the group was stored
                 txn.abort()
+                if _disk_full(exc):
+                    log.error("the disk holding the store is full: %d writes refused", len(ops) - len(excluded))
+                    return self._fail_rest(ops, excluded, outcomes, StoreFullError(
+                        "the store is full: no space left on its disk (nothing of this write was stored; writes "
+                        "succeed again once space is freed)"))
                 log.exception("store commit failed")
                 return self._fail_rest(ops, excluded, outcomes, StoreError(f"the store could not commit: {exc}"))
             if broken is not None:
@@ -128,6 +141,16 @@ class GroupWriter:
                 continue
             self.counters = counters
             return outcomes, wctx.grown, wctx.new_topics, bool(wctx.writes)
+
+    def _grow_map(self) -> bool:
+        """Double the map, up to max_map_size (no transaction may be open); whether it grew."""
+        size = self.env.info()["map_size"]
+        if size >= self.max_map_size:
+            return False
+        new = min(size * 2, self.max_map_size)
+        self.env.set_mapsize(new)
+        log.info("the LMDB map grew from %d to %d bytes (maxMapSize %d)", size, new, self.max_map_size)
+        return True
 
     @staticmethod
     def _apply_all(ops: list, excluded: set[int], outcomes: list, wctx: WriteContext):
@@ -154,6 +177,11 @@ class GroupWriter:
             if index not in excluded:
                 outcomes[index] = (False, error)
         return outcomes, {}, {}, False
+
+
+def _disk_full(exc: BaseException) -> bool:
+    """Whether an LMDB failure is the disk running out of space (ENOSPC, or EDQUOT for a quota)."""
+    return isinstance(exc, lmdb.Error) and any(os.strerror(code) in str(exc) for code in (errno.ENOSPC, errno.EDQUOT))
 
 
 def _portable(exc: BaseException) -> StoreError:
@@ -288,13 +316,14 @@ class _MetaSyncer(threading.Thread):
             self.answers.release(target)
 
 
-def serve(path: str, map_size: int, sync_each: bool, flush_interval_s: float, sock: socket.socket) -> int:
+def serve(path: str, map_size: int, max_map_size: int, sync_each: bool, flush_interval_s: float,
+          sock: socket.socket) -> int:
     link = _Link(sock)
     try:
         env = open_env(path, map_size, readonly=False)
         with env.begin(write=True) as txn:
             dbs = {name: env.open_db(name.encode(), txn=txn) for name in DBS}
-        writer = GroupWriter(env, dbs, counters := load_counters(env, dbs))
+        writer = GroupWriter(env, dbs, counters := load_counters(env, dbs), max_map_size)
         env.sync(True)  # whatever an earlier writer committed is durable before anything new is acknowledged
         # A broker killed in the middle of a read leaves its reader slot behind, and pages it pinned would never be
         # reused: clear such slots of dead processes.

@@ -48,6 +48,8 @@ class AdminProcessor:
         topic = TopicRequestHeader.from_ext(cmd.ext_fields).topic
         if not await self.ctx.topics.delete(topic):
             raise BrokerError(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist")
+        self.ctx.offsets.forget_topic(topic)
+        self.ctx.retention.kick()  # its messages go in the background, in slices
         return cmd.response(ResponseCode.SUCCESS)
 
     def all_topic_config(self, channel, cmd: RemotingCommand) -> RemotingCommand:

@@ -46,5 +46,12 @@ class ConsumerOffsetManager:
                 self.dirty.setdefault(key, offset)
             raise
 
+    def forget_topic(self, topic: str) -> None:
+        """A deleted topic's offsets (the store deleted its rows): a topic created again with the name starts
+        with none."""
+        for key in [k for k in self.table if k[1] == topic]:
+            del self.table[key]
+            self.dirty.pop(key, None)
+
     def groups_of_topic(self, topic: str) -> set[str]:
         return {group for group, t, _q in self.table if t == topic}

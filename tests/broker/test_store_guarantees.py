@@ -60,7 +60,7 @@ async def test_a_flipped_body_byte_is_never_served_as_success(broker_factory, tm
 
 
 async def test_a_full_store_answers_service_not_available_and_keeps_serving_reads(broker_factory):
-    broker = await broker_factory(mapSize=2 << 20)
+    broker = await broker_factory(mapSize=2 << 20, maxMapSize=2 << 20)
     client = await RawClient.connect(broker.addr)
     first = await client.send("Full", b"early")
     assert first.code == ResponseCode.SUCCESS

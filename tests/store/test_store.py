@@ -12,7 +12,8 @@ from halfmq.protocol.message import MessageRecord, decode_record, tags_hash
 from halfmq.store import (CorruptRecordError, CorruptStoreError, HalfState, HalfStatus, InvalidWriteError,
                           MessageStore, StoreConfig, StoreFullError, StoreLockedError, StoreUnavailableError,
                           message_request)
-from halfmq.store.ops import DeleteTopic, PutMessage, PutMessages, PutMeta, PutTopic, SetConsumerOffsets
+from halfmq.store.lifecycle import DeleteTopic
+from halfmq.store.ops import PutMessage, PutMessages, PutMeta, PutTopic, SetConsumerOffsets
 from halfmq.store.store import StoredEntry
 from halfmq.store.txops import DecideHalf, PrepareHalf
 
@@ -91,7 +92,7 @@ async def test_an_op_that_cannot_be_applied_fails_alone_and_leaves_nothing(open_
 
 
 async def test_full_map_fails_writes_clearly_and_keeps_reads(open_store):
-    store = await open_store(map_size=1 << 20)
+    store = await open_store(map_size=1 << 20, max_map_size=1 << 20)
     first = await put(store, request(body=b"early"))
     with pytest.raises(StoreFullError, match="mapSize"):
         await put(store, *[request(body=bytes(4096)) for _ in range(400)])
