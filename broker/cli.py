@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import importlib.metadata
 import logging
 import signal
 import sys
@@ -72,15 +73,19 @@ def broker_main(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: halfmq broker [-c FILE] [--KEY=VALUE ...]\n       halfmq admin [-n NAMESRV] COMMAND ...")
+        print("usage: halfmq broker [-c FILE] [--KEY=VALUE ...]\n       halfmq admin COMMAND [-n NAMESRV] ...\n"
+              "       halfmq --version")
         return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        print(f"halfmq {importlib.metadata.version('halfmq')}")
+        return 0
     command, rest = argv[0], argv[1:]
     if command == "broker":
         return broker_main(rest)
     if command == "admin":
         # The admin tool is a client of the broker; the one `halfmq` entry point hands over to it by name, so the
         # broker package itself never depends on the client package.
-        return importlib.import_module("halfmq.client.admin").main(rest)
+        return importlib.import_module("halfmq.client.admin_cli").main(rest)
     print(f"halfmq: unknown command {command!r} (try: halfmq broker, halfmq admin)", file=sys.stderr)
     return 2
 

@@ -14,8 +14,6 @@ import pyarrow as pa
 from halfmq.client import MessageQueue, PullConsumer, PullStatus
 from halfmq.client.admin import Admin
 from halfmq.client.consumer import parse_expression
-from halfmq.protocol.codes import RequestCode
-from halfmq.protocol.headers import HalfStatusRequestHeader
 
 from .records import records_to_batch
 
@@ -106,16 +104,23 @@ async def _close(consumer: PullConsumer, tasks) -> None:
     await consumer.close()
 
 
-def transaction_records(namesrv: str, limit: int = 100_000) -> list[dict]:
-    """Every transaction record the broker keeps (HALFMQ_GET_TRANSACTION_RECORDS)."""
-    async def run():
-        admin = Admin(namesrv)
-        try:
-            return (await admin.json_call(await admin.broker_addr(), RequestCode.HALFMQ_GET_TRANSACTION_RECORDS,
-                                          HalfStatusRequestHeader(limit=limit).to_ext()))["records"]
-        finally:
-            await admin.close()
-    return asyncio.run(run())
+def transaction_records(namesrv: str, page_size: int | None = None) -> Iterator[dict]:
+    """Every transaction record the broker keeps (HALFMQ_GET_TRANSACTION_RECORDS), read a page at a time
+    (``page_size`` rows a request; default and most: the broker's page), so no more than a page is held here."""
+    loop = asyncio.new_event_loop()
+    admin = Admin(namesrv)
+    pages = admin.transaction_record_pages(page_size)
+    try:
+        while True:
+            try:
+                page = loop.run_until_complete(anext(pages))
+            except StopAsyncIteration:
+                return
+            yield from page
+    finally:  # also when the caller stops early
+        loop.run_until_complete(pages.aclose())
+        loop.run_until_complete(admin.close())
+        loop.close()
 
 
 def parse_offsets(text: str | None, default: str) -> str | dict[str, dict[int, int]]:

@@ -38,6 +38,9 @@ class RequestCode(IntEnum):
     SEND_MESSAGE_V2 = 310
     SEND_BATCH_MESSAGE = 320
     RESUME_CHECK_HALF_MESSAGE = 323
+    GET_BROKER_CONFIG = 26
+    UPDATE_AND_CREATE_SUBSCRIPTIONGROUP = 200
+    DELETE_SUBSCRIPTIONGROUP = 207
     #: halfmq's own admin codes (RocketMQ has none for these), far from RocketMQ's range.
     HALFMQ_GET_HALF_STATUS = 20001
     HALFMQ_GET_TRANSACTION_RECORDS = 20002
@@ -48,7 +51,9 @@ ADMIN_REQUEST_CODES = frozenset({
     RequestCode.UPDATE_AND_CREATE_TOPIC, RequestCode.DELETE_TOPIC_IN_BROKER, RequestCode.GET_ALL_TOPIC_CONFIG,
     RequestCode.GET_BROKER_RUNTIME_INFO, RequestCode.GET_CONSUMER_CONNECTION_LIST,
     RequestCode.GET_PRODUCER_CONNECTION_LIST, RequestCode.GET_CONSUME_STATS, RequestCode.RESUME_CHECK_HALF_MESSAGE,
-    RequestCode.HALFMQ_GET_HALF_STATUS, RequestCode.HALFMQ_GET_TRANSACTION_RECORDS})
+    RequestCode.HALFMQ_GET_HALF_STATUS, RequestCode.HALFMQ_GET_TRANSACTION_RECORDS,
+    RequestCode.GET_BROKER_CONFIG, RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+    RequestCode.DELETE_SUBSCRIPTIONGROUP})
 
 
 class ResponseCode(IntEnum):
@@ -138,3 +143,40 @@ class Perm:
     READ = 4
     WRITE = 2
     INHERIT = 1
+
+
+def _mq_version_names() -> tuple[str, ...]:
+    """RocketMQ's MQVersion.Version enum in declaration order (a client's ``version`` is its ordinal)."""
+    names = ["V3_0_0_SNAPSHOT", "V3_0_0_ALPHA1", *(f"V3_0_0_BETA{n}" for n in range(1, 6))]
+    for n in range(6, 10):
+        names += [f"V3_0_0_BETA{n}_SNAPSHOT", f"V3_0_0_BETA{n}"]
+    names.append("V3_0_0_FINAL")
+    # Then SNAPSHOT and release per patch: 3.0.1-3.0.15, 3.1.x and 3.2.x from .0, 3.3-3.9 from .1, 4.x and 5.x
+    # from .0.
+    releases = [(3, 0, p) for p in range(1, 16)]
+    releases += [(3, minor, p) for minor in (1, 2) for p in range(10)]
+    releases += [(3, minor, p) for minor in range(3, 10) for p in range(1, 10)]
+    releases += [(major, minor, p) for major in (4, 5) for minor in range(10) for p in range(10)]
+    for major, minor, patch in releases:
+        names += [f"V{major}_{minor}_{patch}_SNAPSHOT", f"V{major}_{minor}_{patch}"]
+    names.append("HIGHER_VERSION")
+    return tuple(names)
+
+
+MQ_VERSION_NAMES = _mq_version_names()
+
+
+def version_name(ordinal: int) -> str:
+    """A client's header ``version`` as RocketMQ names it (409 → V4_9_8); past the enum, HIGHER_VERSION, as
+    RocketMQ's MQVersion.getVersionDesc answers."""
+    if ordinal < 0:
+        return str(ordinal)
+    return MQ_VERSION_NAMES[min(ordinal, len(MQ_VERSION_NAMES) - 1)]
+
+
+def language_name(code: int | str) -> str:
+    """A client's header ``language`` by name (3 → PYTHON); a name or unknown code is kept as it came."""
+    try:
+        return LanguageCode(int(code)).name
+    except ValueError:
+        return str(code)

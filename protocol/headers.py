@@ -362,6 +362,18 @@ class ConsumeStatsRequestHeader(Header):
 
 @dataclass(slots=True, kw_only=True)
 class HalfStatusRequestHeader(Header):
-    """HALFMQ_GET_HALF_STATUS / HALFMQ_GET_TRANSACTION_RECORDS: at most ``limit`` rows."""
+    """HALFMQ_GET_HALF_STATUS / HALFMQ_GET_TRANSACTION_RECORDS: one page of at most ``limit`` rows (the broker bounds
+    it too), from where the previous page ended: ``after`` is that answer's ``next`` (absent: the first page)."""
 
     limit: int | None = opt()
+    after: str | None = opt()
+
+
+@dataclass(slots=True, kw_only=True)
+class DeleteSubscriptionGroupRequestHeader(Header):
+    """DELETE_SUBSCRIPTIONGROUP (207); UPDATE_AND_CREATE_SUBSCRIPTIONGROUP (200) carries the group in its JSON
+    body (RocketMQ's SubscriptionGroupConfig)."""
+
+    RESOURCES: ClassVar[dict[str, str]] = {"groupName": GROUP}
+    groupName: str = req()
+    removeOffset: bool | None = opt()

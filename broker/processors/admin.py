@@ -1,5 +1,6 @@
-"""Topic administration and message lookup: UPDATE_AND_CREATE_TOPIC (17), DELETE_TOPIC_IN_BROKER (215),
-GET_ALL_TOPIC_CONFIG (21), VIEW_MESSAGE_BY_ID (33)."""
+"""Topic and group administration and message lookup: UPDATE_AND_CREATE_TOPIC (17), DELETE_TOPIC_IN_BROKER (215),
+GET_ALL_TOPIC_CONFIG (21), VIEW_MESSAGE_BY_ID (33), UPDATE_AND_CREATE_SUBSCRIPTIONGROUP (200),
+DELETE_SUBSCRIPTIONGROUP (207) and GET_BROKER_CONFIG (26)."""
 from __future__ import annotations
 
 import json
@@ -7,15 +8,21 @@ from dataclasses import asdict
 
 from halfmq.protocol.codes import Perm, RequestCode, ResponseCode
 from halfmq.protocol.command import RemotingCommand
-from halfmq.protocol.headers import CreateTopicRequestHeader, TopicRequestHeader, ViewMessageRequestHeader
+from halfmq.protocol.headers import (CreateTopicRequestHeader, DeleteSubscriptionGroupRequestHeader,
+                                     TopicRequestHeader, ViewMessageRequestHeader)
 from halfmq.protocol.message import decode_record
 
 from ..context import BrokerContext
 from ..errors import BrokerError
-from ..names import validate_topic_name
+from ..names import DLQ_PREFIX, RETRY_PREFIX, check_group, validate_topic_name
 from ..topics import HALF_TOPIC, SYSTEM_TOPICS, TopicConfig
 
 MAX_QUEUES = 1024
+#: RocketMQ's SubscriptionGroupConfig fields and defaults. halfmq keeps no per-group settings (a group is its
+#: retry topic, see topics.py): a request asking for anything but these defaults is refused, naming the field.
+SUBSCRIPTION_GROUP_DEFAULTS = {"consumeEnable": True, "consumeFromMinEnable": True, "consumeBroadcastEnable": True,
+                               "retryQueueNums": 1, "retryMaxTimes": 16, "brokerId": 0,
+                               "whichBrokerWhenConsumeSlowly": 1, "notifyConsumerIdsChangedEnable": True}
 
 
 class AdminProcessor:
@@ -27,6 +34,9 @@ class AdminProcessor:
         dispatcher.register(RequestCode.DELETE_TOPIC_IN_BROKER, self.delete_topic)
         dispatcher.register(RequestCode.GET_ALL_TOPIC_CONFIG, self.all_topic_config)
         dispatcher.register(RequestCode.VIEW_MESSAGE_BY_ID, self.view_message)
+        dispatcher.register(RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, self.create_group)
+        dispatcher.register(RequestCode.DELETE_SUBSCRIPTIONGROUP, self.delete_group)
+        dispatcher.register(RequestCode.GET_BROKER_CONFIG, self.broker_config)
 
     async def create_topic(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         h = CreateTopicRequestHeader.from_ext(cmd.ext_fields)
@@ -72,3 +82,43 @@ class AdminProcessor:
             raise BrokerError(ResponseCode.SYSTEM_ERROR, f"can not find message by the offset, {offset}")
         self.ctx.acl.check_record(channel, cmd, topic)
         return cmd.response(ResponseCode.SUCCESS, body=raw)
+
+    async def create_group(self, channel, cmd: RemotingCommand) -> RemotingCommand:
+        """Creates the group's retry topic, beyond maxAutoCreatedSubscriptionGroups (an admin's choice, as for
+        topics); an existing group is left as it is."""
+        try:
+            config = json.loads(cmd.body or b"")
+        except ValueError:
+            config = None
+        if not isinstance(config, dict):
+            raise BrokerError(ResponseCode.SYSTEM_ERROR, "the body is not a SubscriptionGroupConfig JSON object")
+        group = check_group(config.get("groupName"), "groupName")
+        for name, default in SUBSCRIPTION_GROUP_DEFAULTS.items():
+            if name in config and config[name] != default:
+                raise BrokerError(ResponseCode.SYSTEM_ERROR,
+                                  f"{name}={json.dumps(config[name])} is not supported: halfmq keeps no per-group "
+                                  f"settings (only the default, {json.dumps(default)})")
+        if self.ctx.topics.get(RETRY_PREFIX + group) is None:
+            await self.ctx.topics.put(TopicConfig(RETRY_PREFIX + group, 1, 1))
+        return cmd.response(ResponseCode.SUCCESS)
+
+    async def delete_group(self, channel, cmd: RemotingCommand) -> RemotingCommand:
+        """Deletes the group's retry and dead-letter topics (its consumer offsets stay, as RocketMQ keeps them
+        unless asked)."""
+        h = DeleteSubscriptionGroupRequestHeader.from_ext(cmd.ext_fields)
+        group = check_group(h.groupName, "groupName")
+        if h.removeOffset:
+            raise BrokerError(ResponseCode.SYSTEM_ERROR, "removeOffset=true is not supported: offsets are kept")
+        deleted = [await self.ctx.topics.delete(prefix + group) for prefix in (RETRY_PREFIX, DLQ_PREFIX)]
+        if not any(deleted):
+            raise BrokerError(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, f"subscription group[{group}] not exist")
+        return cmd.response(ResponseCode.SUCCESS)
+
+    def broker_config(self, channel, cmd: RemotingCommand) -> RemotingCommand:
+        """The configuration in effect, as RocketMQ answers it: Java properties text."""
+        lines = [f"{key}={_property(value)}" for key, value in sorted(self.ctx.config.as_dict().items())]
+        return cmd.response(ResponseCode.SUCCESS, body="\n".join(lines).encode())
+
+
+def _property(value) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)

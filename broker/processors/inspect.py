@@ -14,12 +14,16 @@ from halfmq.protocol.headers import (
     QueryMessageRequestHeader,
 )
 from halfmq.protocol.message import create_offset_msg_id, decode_record
+from halfmq.store import HalfState
+from halfmq.store.keys import DUE_KEY, U64
 
 from ..context import BrokerContext, now_ms
 from ..errors import BrokerError
 from ..names import check_group, check_message_key, check_topic
 
-MAX_ROWS = 100_000
+#: Rows per page of the transaction tables: what one request can make the broker read and encode (a client wanting
+#: more asks for the next page).
+MAX_PAGE = 5_000
 _STARTED = time.time()
 
 
@@ -117,29 +121,82 @@ class InspectProcessor:
         return _json(cmd, {"offsetTable": rows, "consumeTps": 0.0})
 
     def half_status(self, channel, cmd: RemotingCommand) -> RemotingCommand:
-        """Pending halves, oldest check due first: age, checks so far, group, topic, offsetMsgId."""
-        limit = min(HalfStatusRequestHeader.from_ext(cmd.ext_fields).limit or 1000, MAX_ROWS)
+        """One page of the pending halves, oldest check due first: age, checks so far, group, topic, offsetMsgId;
+        ``next`` continues after the page's last row (None after the last page)."""
+        h = HalfStatusRequestHeader.from_ext(cmd.ext_fields)
+        limit = _page_limit(h.limit)
+        after = _cursor(h.after, 2)
         store, now = self.ctx.store, now_ms()
+        page = _read_page(store, "due", DUE_KEY, after, limit)
         rows = []
-        for due, offset in store.due_halves(2 ** 62, limit):
+        for (due, offset), _empty in page:
             state = store.get_half(offset)
             if state is None or not state.pending:
-                continue
+                continue  # decided between the two reads
             rows.append({"offsetMsgId": create_offset_msg_id(self.ctx.store_host, offset),
                          "transactionId": state.uniq, "producerGroup": state.group, "topic": state.topic,
                          "ageMillis": now - state.store_ts, "checks": state.checks,
                          "nextCheckInMillis": due - now, "waitingForProducer": state.waiting})
-        return _json(cmd, {"pending": store.pending_halves_count(), "halves": rows})
+        return _json(cmd, {"pending": store.pending_halves_count(), "halves": rows,
+                           "next": _next_cursor(page, limit)})
 
     def transaction_records(self, channel, cmd: RemotingCommand) -> RemotingCommand:
-        """Every transaction's record (for audits): state, group, topic, times and check count."""
-        limit = min(HalfStatusRequestHeader.from_ext(cmd.ext_fields).limit or MAX_ROWS, MAX_ROWS)
+        """One page of every transaction's record (for audits), in store order: state, group, topic, times and
+        check count; ``next`` continues after the page's last row (None after the last page)."""
+        h = HalfStatusRequestHeader.from_ext(cmd.ext_fields)
+        limit = _page_limit(h.limit)
+        after = _cursor(h.after, 1)
+        page = _read_page(self.ctx.store, "halfs", U64, after, limit)
         rows = []
-        for offset, state in self.ctx.store.iter_halves():
+        for (offset,), raw in page:
+            state = HalfState.from_bytes(raw)
             rows.append({"offset": offset, "transactionId": state.uniq, "producerGroup": state.group,
                          "topic": state.topic, "state": state.status.value, "storeTimestamp": state.store_ts,
                          "decidedTimestamp": state.decided_ts, "decidedBy": state.decided_by,
                          "checks": state.checks})
-            if len(rows) >= limit:
+        return _json(cmd, {"records": rows, "next": _next_cursor(page, limit)})
+
+
+def _page_limit(limit: int | None) -> int:
+    if limit is None or limit == 0:
+        return MAX_PAGE
+    if limit < 0:
+        raise BrokerError(ResponseCode.SYSTEM_ERROR, f"limit {limit} is negative")
+    return min(limit, MAX_PAGE)
+
+
+def _cursor(text: str | None, parts: int) -> tuple[int, ...] | None:
+    """A page's ``after`` (the previous answer's ``next``): ``parts`` unsigned integers joined by ':'."""
+    if not text:
+        return None
+    fields = text.split(":")
+    if len(fields) != parts or not all(f.isdecimal() and len(f) <= 20 for f in fields) \
+            or not all(int(f) < 2 ** 64 for f in fields):
+        raise BrokerError(ResponseCode.SYSTEM_ERROR, f"after {text!r} is not a cursor this request gave")
+    return tuple(int(f) for f in fields)
+
+
+def _next_cursor(page: list, limit: int) -> str | None:
+    """Where the next page starts: after this one's last key; None when this page was the last."""
+    return ":".join(map(str, page[-1][0])) if len(page) == limit else None
+
+
+# The two transaction tables are read a page at a time from a cursor position. The store offers whole-table reads
+# only (iter_halves builds a list of every half, due_halves starts at the first), so this reads its tables
+# directly, with the key layouts from store.keys; it belongs in the store's read API (left to its owner).
+def _read_page(store, table: str, layout, after: tuple[int, ...] | None, limit: int
+               ) -> list[tuple[tuple[int, ...], bytes]]:
+    """(decoded key, value) of the first ``limit`` rows of ``table`` after key ``after`` (None: from the start)."""
+    out = []
+    with store.env.begin(buffers=False) as txn:
+        cursor = txn.cursor(db=store.dbs[table])
+        start = None if after is None else layout.pack(*after)
+        if not (cursor.first() if start is None else cursor.set_range(start)):
+            return out
+        for key, value in cursor:
+            if key == start:
+                continue
+            out.append((layout.unpack(key), value))
+            if len(out) >= limit:
                 break
-        return _json(cmd, {"records": rows})
+    return out

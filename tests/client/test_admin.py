@@ -51,7 +51,7 @@ async def test_admin_commands(broker_factory):
     assert (await admin(broker, "resumeHalf", "-i", half.send_result.offset_msg_id))[0] == 0
     assert int((await admin(broker, "brokerStatus"))[1]["pendingHalfMessages"]) == 1
     code, table, _ = await admin(broker, "topicStatus", "-t", "Adm", as_json=False)
-    assert code == 0 and table.splitlines()[0].split() == ["queueId", "minOffset", "maxOffset"]
+    assert code == 0 and table.splitlines()[0].split() == ["brokerName", "queueId", "minOffset", "maxOffset"]
     code, _, err = await admin(broker, "deleteTopic", "-t", "Nope")
     assert code == 1 and "TOPIC_NOT_EXIST" in err
     assert (await admin(broker, "deleteTopic", "-t", "Adm"))[0] == 0

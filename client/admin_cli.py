@@ -1,0 +1,339 @@
+"""halfmq admin COMMAND: mqadmin's commands and option letters over the Admin API (client/admin.py).
+
+Options go before or after the command (halfmq admin topicList -n 127.0.0.1:9876); -n defaults to the
+NAMESRV_ADDR environment variable. Readable tables by default, --json for scripts; halfmq admin COMMAND -h
+explains every option. Examples:
+
+    halfmq admin clusterList
+    halfmq admin updateTopic -t Orders -r 8 -w 8
+    halfmq admin sendMessage -t Orders -p '{"id": 1}' -k order-1
+    halfmq admin consumerProgress -g orders-consumer
+    halfmq admin halfStatus
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import ssl
+import sys
+import time
+from typing import Any
+
+from halfmq.protocol.errors import MessageFormatError
+
+from .admin import Admin
+from .admin_format import message_row, render
+from .admin_messages import MessageTools, Range
+from .errors import ClientError
+from .remoting import Credentials
+
+DEFAULT_NAMESRV = "127.0.0.1:9876"
+
+
+def parse_time(text: str) -> int | None:
+    """mqadmin's timestamps: epoch milliseconds, ``yyyy-MM-dd#HH:mm:ss:SSS`` (local time), or ``now`` (None)."""
+    if text == "now":
+        return None
+    if text.isdigit():
+        return int(text)
+    try:
+        parsed = time.strptime(text[:19], "%Y-%m-%d#%H:%M:%S")
+        millis = int(text[20:] or 0) if text[19:20] in (":", "") else None
+    except ValueError:
+        millis = None
+    if millis is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a time: write epoch milliseconds, "
+                                         "yyyy-MM-dd#HH:mm:ss:SSS or now")
+    return int(time.mktime(parsed)) * 1000 + millis
+
+
+def time_arg(text: str) -> int:
+    value = parse_time(text)
+    if value is None:
+        raise argparse.ArgumentTypeError("now is not allowed here")
+    return value
+
+
+def non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value
+
+
+# --- the commands: each takes (admin, tools, args) and returns what render() shows ---------------------------
+async def topic_list(admin, tools, args):
+    return [{"topic": t} for t in await admin.topic_list()]
+
+
+async def update_topic(admin, tools, args):
+    await admin.update_topic(args.topic, args.read_queues, args.write_queues, args.perm)
+    return {"updated": args.topic}
+
+
+async def delete_topic(admin, tools, args):
+    await admin.delete_topic(args.topic)
+    return {"deleted": args.topic}
+
+
+async def half_status(admin, tools, args):
+    rows = []
+    async for row in admin.pending_halves(args.page_size or None):
+        rows.append(row)
+        if args.limit and len(rows) >= args.limit:
+            break
+    return rows
+
+
+async def resume_half(admin, tools, args):
+    await admin.resume_half(args.id)
+    return {"resumed": args.id}
+
+
+async def send_message(admin, tools, args):
+    result = await tools.send(args.topic, args.body, args.keys, args.tags, args.broker_name, args.queue_id)
+    return {"brokerName": result.queue.broker_name, "queueId": result.queue.queue_id,
+            "queueOffset": result.queue_offset, "sendStatus": result.status.name, "msgId": result.msg_id,
+            "offsetMsgId": result.offset_msg_id}
+
+
+async def consume_message(admin, tools, args):
+    rng = Range(args.broker_name, args.queue_id, args.offset, args.begin, args.end)
+    return [message_row(m) async for m in tools.read(args.topic, rng, args.count)]
+
+
+async def print_msg(admin, tools, args):
+    # Printed as read: a topic can hold more than fits in memory.
+    rng = Range(begin_ms=args.begin, end_ms=args.end, expression=args.subexpression)
+    count = 0
+    async for message in tools.read(args.topic, rng):
+        count += 1
+        row = message_row(message, args.charset if args.print_body else None)
+        print(json.dumps(row) if args.json else
+              " ".join(f"{k.upper()}: {v}" for k, v in row.items() if v is not None), flush=True)
+    return None if args.json else {"printed": count}
+
+
+async def query_msg_by_id(admin, tools, args):
+    return [message_row(m) for m in await tools.by_id(args.id, args.topic)]
+
+
+async def query_msg_by_unique_key(admin, tools, args):
+    return [message_row(m) for m in await tools.by_unique_key(args.id, args.topic)]
+
+
+async def query_msg_by_key(admin, tools, args):
+    return [message_row(m) for m in await admin.query_msg_by_key(args.topic, args.key)]
+
+
+async def query_msg_by_offset(admin, tools, args):
+    return [message_row(await tools.by_offset(args.topic, args.broker_name, args.queue_id, args.offset))]
+
+
+async def reset_offset_by_time(admin, tools, args):
+    return await tools.reset_offset_by_time(args.group, args.topic, args.timestamp, args.force)
+
+
+async def get_broker_config(admin, tools, args):
+    return await admin.broker_config()
+
+
+async def stats_all(admin, tools, args):
+    return await tools.stats_all(args.topic)
+
+
+async def update_sub_group(admin, tools, args):
+    await admin.update_sub_group(args.group)
+    return {"updated": args.group}
+
+
+async def delete_sub_group(admin, tools, args):
+    await admin.delete_sub_group(args.group)
+    return {"deleted": args.group}
+
+
+def _call(method: str, *names: str):
+    """A command that is one Admin method called with these attributes of the arguments."""
+    async def command(admin, tools, args):
+        return await getattr(admin, method)(*(getattr(args, n) for n in names))
+    return command
+
+
+# --- options ------------------------------------------------------------------------------------------------
+# name → (argparse flags, keywords); commands list the names they take (and "queues": updateTopic's -r -w -p).
+# mqadmin's letters throughout; a trailing ! marks the required form, ? the optional one.
+OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
+    "topic": (("-t", "--topic"), {"required": True, "help": "topic name"}),
+    "topic?": (("-t", "--topic"), {"help": "topic name (default: every topic)"}),
+    "group": (("-g", "--group"), {"required": True, "help": "consumer group"}),
+    "producer_group": (("-g", "--group"), {"required": True, "help": "producer group"}),
+    "key": (("-k", "--key"), {"required": True, "help": "message key (one of the KEYS it was sent with)"}),
+    "id": (("-i", "--id"), {"required": True, "help": "message id: the msgId a send returns (UNIQ_KEY) or the "
+                                                       "offsetMsgId"}),
+    "unique_key": (("-i", "--id"), {"required": True, "help": "the msgId a send returns (UNIQ_KEY)"}),
+    "offset_id": (("-i", "--id"), {"required": True, "help": "the half message's offsetMsgId (halfStatus "
+                                                             "shows it)"}),
+    "body": (("-p", "--body"), {"required": True, "help": "message body (UTF-8 text)"}),
+    "keys": (("-k", "--keys"), {"help": "message keys, space separated (default: none)"}),
+    "tags": (("-c", "--tags"), {"help": "message tag (default: none)"}),
+    "broker_name": (("-b", "--broker-name"), {"help": "broker name (default: any broker of the topic)"}),
+    "broker_name!": (("-b", "--broker-name"), {"required": True, "help": "broker name (clusterList shows it)"}),
+    "queue_id": (("-i", "--queue-id"), {"type": non_negative, "help": "queue id (default: every queue)"}),
+    "queue_id!": (("-i", "--queue-id"), {"type": non_negative, "required": True, "help": "queue id"}),
+    "offset": (("-o", "--offset"), {"type": non_negative, "help": "first queue offset to read (default: the "
+                                                                   "queue's first, or -s)"}),
+    "offset!": (("-o", "--offset"), {"type": non_negative, "required": True, "help": "queue offset"}),
+    "consume_group": (("-g", "--group"), {"help": "consumer group the reads are made as (no offset is stored; "
+                                                  "default: TOOLS_CONSUMER)"}),
+    "begin": (("-s", "--begin"), {"type": time_arg, "help": "first store time: epoch ms or "
+                                                            "yyyy-MM-dd#HH:mm:ss:SSS (default: the start)"}),
+    "begin_b": (("-b", "--begin"), {"type": time_arg, "help": "first store time: epoch ms or "
+                                                              "yyyy-MM-dd#HH:mm:ss:SSS (default: the start)"}),
+    "end": (("-e", "--end"), {"type": time_arg, "help": "store time to stop before: epoch ms or "
+                                                        "yyyy-MM-dd#HH:mm:ss:SSS (default: the end)"}),
+    "count": (("-c", "--count"), {"type": non_negative, "default": 128, "help": "most messages shown"}),
+    "charset": (("-c", "--charset"), {"default": "UTF-8", "help": "charset of the bodies"}),
+    "subexpression": (("-s", "--subexpression"), {"default": "*", "help": "tag expression, e.g. 'a || b'"}),
+    "print_body": (("-d", "--print-body"), {"type": lambda t: t.lower() == "true", "default": True,
+                                            "help": "print the bodies (true/false)"}),
+    "timestamp": (("-s", "--timestamp"), {"type": parse_time, "required": True,
+                                          "help": "epoch ms, yyyy-MM-dd#HH:mm:ss:SSS, or now (the end)"}),
+    "force": (("-f", "--force"), {"action": "store_true",
+                                  "help": "reset even while the group has consumers online (they may write "
+                                          "their own offsets over it)"}),
+    "limit": (("--limit",), {"type": non_negative, "default": 0, "help": "most rows shown (0: all)"}),
+    "page_size": (("--page-size",), {"type": non_negative, "default": 0,
+                                     "help": "rows per request (0: the broker's page, its most)"}),
+}
+
+#: command → (function, option names, description). The option letters are mqadmin's.
+COMMANDS: dict[str, tuple[Any, list[str], str]] = {
+    "clusterList": (_call("cluster_list"), [], "brokers the name server knows"),
+    "topicList": (topic_list, [], "topics the name server knows"),
+    "topicRoute": (_call("topic_route", "topic"), ["topic"], "a topic's brokers and queues"),
+    "topicStatus": (_call("topic_status", "topic"), ["topic"], "a topic's queues: min and max offset"),
+    "updateTopic": (update_topic, ["topic", "queues"], "create or change a topic"),
+    "deleteTopic": (delete_topic, ["topic"], "delete a topic"),
+    "consumerProgress": (_call("consumer_progress", "group", "topic"), ["group", "topic?"],
+                         "per queue: broker offset, consumer offset, difference"),
+    "producerConnection": (_call("producer_connections", "group"), ["producer_group"],
+                           "a producer group's live clients"),
+    "consumerConnection": (_call("consumer_connections", "group"), ["group"],
+                           "a consumer group's live clients and subscriptions"),
+    "sendMessage": (send_message, ["topic", "body", "keys", "tags", "broker_name", "queue_id"], "send a message"),
+    "consumeMessage": (consume_message, ["topic", "broker_name", "queue_id", "offset", "consume_group", "begin",
+                                         "end", "count"],
+                       "read messages (no consumer offset is stored)"),
+    "printMsg": (print_msg, ["topic", "charset", "subexpression", "begin_b", "end", "print_body"],
+                 "print every message of a topic, one line each"),
+    "queryMsgById": (query_msg_by_id, ["id", "topic?"], "a message by msgId or offsetMsgId"),
+    "queryMsgByUniqueKey": (query_msg_by_unique_key, ["unique_key", "topic?"], "a message by msgId (UNIQ_KEY)"),
+    "queryMsgByKey": (query_msg_by_key, ["topic", "key"], "messages by key"),
+    "queryMsgByOffset": (query_msg_by_offset, ["topic", "broker_name!", "queue_id!", "offset!"],
+                         "a message by queue and offset"),
+    "resetOffsetByTime": (reset_offset_by_time, ["group", "topic", "timestamp", "force"],
+                          "move a group's offsets to a time"),
+    "updateSubGroup": (update_sub_group, ["group"], "create a subscription group (its retry topic)"),
+    "deleteSubGroup": (delete_sub_group, ["group"], "delete a subscription group (its retry and DLQ topics)"),
+    "getBrokerConfig": (get_broker_config, [], "the broker's configuration"),
+    "brokerStatus": (_call("broker_status"), [], "the broker's runtime figures"),
+    "statsAll": (stats_all, ["topic?"], "per topic: messages held and each group's backlog"),
+    "halfStatus": (half_status, ["limit", "page_size"],
+                   "pending half messages, oldest check due first: age, checks, group, next check"),
+    "resumeHalf": (resume_half, ["offset_id"], "check a discarded half message again"),
+}
+
+
+class _Help(argparse.HelpFormatter):
+    """Every option's help says its default, or that it is required."""
+
+    def _get_help_string(self, action) -> str:
+        text = action.help or ""
+        if action.required:
+            return f"{text} (required)"
+        if "(default" in text or action.default in (None, argparse.SUPPRESS) or action.dest == "help":
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def _common(parser: argparse.ArgumentParser, suppress: bool, skip: set[str]) -> None:
+    """The connection options every command takes, before or after its name. After it (``suppress``), an
+    absent option leaves what was given before the name (argparse would otherwise reset it to its default)."""
+    namesrv = os.environ.get("NAMESRV_ADDR") or DEFAULT_NAMESRV
+
+    def add(*flags, **kw):
+        if flags[0] in skip:
+            return
+        if suppress:
+            kw["default"] = argparse.SUPPRESS
+        parser.add_argument(*flags, **kw)
+    add("-n", "--namesrv", default=namesrv,
+        help=f"name server address HOST:PORT (default: $NAMESRV_ADDR, else {DEFAULT_NAMESRV}; now {namesrv})")
+    add("-b", "--broker", help="broker address HOST:PORT for broker requests (default: the first broker the "
+                                "name server knows)")
+    add("--json", action="store_true", default=False, help="print JSON instead of a table (default: a table)")
+    add("--access-key", help="ACL access key to sign requests with (default: unsigned)")
+    add("--secret-key", help="ACL secret key (default: none)")
+    add("--tls", action="store_true", default=False, help="connect with TLS (default: plain TCP)")
+    add("--cafile", help="CA certificate to verify the broker with (default: the system's)")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="halfmq admin", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(p, suppress=False, skip=set())
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (_function, options, description) in COMMANDS.items():
+        c = sub.add_parser(name, help=description, description=description,
+                           formatter_class=_Help)
+        flags = set()
+        for option in options:
+            if option == "queues":
+                c.add_argument("-r", "--read-queues", type=non_negative, default=8, help="read queues")
+                c.add_argument("-w", "--write-queues", type=non_negative, default=8, help="write queues")
+                c.add_argument("-p", "--perm", type=non_negative, default=6,
+                               help="permission: 2 write, 4 read, 6 both")
+                flags |= {"-r", "-w", "-p"}
+                continue
+            option_flags, kw = OPTIONS[option]
+            dest = option.rstrip("!?").removesuffix("_b")
+            if option in ("producer_group", "consume_group"):
+                dest = "group"
+            elif option in ("unique_key", "offset_id"):
+                dest = "id"
+            kw = {**kw, "dest": dest}
+            if not kw.get("required") and "default" not in kw and kw.get("action") != "store_true":
+                kw["default"] = None
+            c.add_argument(*option_flags, **kw)
+            flags.add(option_flags[0])
+        _common(c, suppress=True, skip=flags)
+    return p
+
+
+async def run(args) -> Any:
+    credentials = Credentials(args.access_key, args.secret_key) if args.access_key else None
+    tls = ssl.create_default_context(cafile=args.cafile) if args.tls else None
+    admin = Admin(args.namesrv, args.broker, credentials, tls)
+    tools = MessageTools(admin)
+    try:
+        return await COMMANDS[args.command][0](admin, tools, args)
+    finally:
+        await tools.close()
+        await admin.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        result = asyncio.run(run(args))
+    except (ClientError, MessageFormatError) as exc:
+        print(f"halfmq admin: {exc}", file=sys.stderr)
+        return 1
+    if result is not None:
+        print(json.dumps(result, indent=2) if args.json else render(args.command, result))
+    return 0
