@@ -124,7 +124,7 @@ class GroupWriter:
                     "it, or let retention free space (nothing of this write was stored)"))
             except Exception as exc:  # an LMDB failure at flush or commit: nothing of the group was stored
                 txn.abort()
-                if _disk_full(exc):
+                if _disk_full(exc, self.env.path()):
                     log.error("the disk holding the store is full: %d writes refused", len(ops) - len(excluded))
                     return self._fail_rest(ops, excluded, outcomes, StoreFullError(
                         "the store is full: no space left on its disk (nothing of this write was stored; writes "
@@ -179,9 +179,22 @@ class GroupWriter:
         return outcomes, {}, {}, False
 
 
-def _disk_full(exc: BaseException) -> bool:
-    """Whether an LMDB failure is the disk running out of space (ENOSPC, or EDQUOT for a quota)."""
-    return isinstance(exc, lmdb.Error) and any(os.strerror(code) in str(exc) for code in (errno.ENOSPC, errno.EDQUOT))
+#: free bytes below which a failed write is taken for a full disk: LMDB reports a short write as EIO, not ENOSPC
+NEARLY_FULL = 64 << 20
+
+
+def _disk_full(exc: BaseException, path: str) -> bool:
+    """Whether an LMDB failure is its disk running out of space: ENOSPC or EDQUOT, or an I/O error (a short
+    write) with almost no space left."""
+    if not isinstance(exc, lmdb.Error):
+        return False
+    text = str(exc)
+    if any(os.strerror(code) in text for code in (errno.ENOSPC, errno.EDQUOT)):
+        return True
+    if os.strerror(errno.EIO) not in text:
+        return False
+    disk = os.statvfs(path)
+    return disk.f_bavail * disk.f_frsize < NEARLY_FULL
 
 
 def _portable(exc: BaseException) -> StoreError:
