@@ -20,16 +20,22 @@ from tests.support.raw import RawClient
 HOUR_MS = 3_600_000
 
 
+class GoneProducer:
+    """The connection the halves came from, as the broker keeps it (weakly) after its producer left."""
+
+    client_id = None
+
+
 async def write_halves(broker, count: int, batch: int = 5_000) -> None:
     """``count`` pending halves, written through the broker's transaction service in batches (each batch is one
     store group): the fast way to a table larger than any page."""
-    transactions = broker.ctx.transactions
+    transactions, channel = broker.ctx.transactions, GoneProducer()
     for start in range(0, count, batch):
         completions = []
         for i in range(start, min(count, start + batch)):
             rec = MessageRecord("PagedT", b"x", properties={P.UNIQ_KEY: f"TX{i:08d}", P.PGROUP: "PG_PAGED",
                                                             P.TRAN_MSG: "true"})
-            completions.append(transactions.prepare(rec, "PG_PAGED", None))
+            completions.append(transactions.prepare(rec, "PG_PAGED", channel))
         await asyncio.gather(*completions)
 
 

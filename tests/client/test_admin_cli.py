@@ -8,7 +8,7 @@ import os
 import sys
 import time
 
-from halfmq.client import Message, Producer, PullConsumer, PushConsumer, ConsumeStatus, ConsumeFrom
+from halfmq.client import ConsumeFrom, ConsumeStatus, Message, Producer, PullConsumer, PushConsumer
 from halfmq.protocol.codes import RequestCode, ResponseCode
 from halfmq.protocol.headers import DeleteSubscriptionGroupRequestHeader
 
