@@ -149,3 +149,24 @@ async def test_group_requests_refuse_what_they_cannot_do(broker):
         assert r.code == ResponseCode.SYSTEM_ERROR
     finally:
         raw.close()
+
+
+async def test_new_admin_requests_need_an_admin_account(broker_factory, tmp_path):
+    from halfmq.client import Credentials
+
+    acl = tmp_path / "plain_acl.yml"
+    acl.write_text("accounts:\n  - accessKey: app\n    secretKey: app-secret\n    defaultTopicPerm: PUB|SUB\n"
+                   "    defaultGroupPerm: PUB|SUB\n  - accessKey: admin\n    secretKey: admin-secret\n    admin: true\n")
+    broker = await broker_factory(aclEnable=True, aclConfigFile=str(acl))
+    requests = ((RequestCode.GET_BROKER_CONFIG, {}, b""),
+                (RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, {}, b'{"groupName": "G"}'),
+                (RequestCode.DELETE_SUBSCRIPTIONGROUP, {"groupName": "G"}, b""))
+    raw = await RawClient.connect(broker.addr)
+    try:
+        for creds, expected in ((Credentials("app", "app-secret"), ResponseCode.NO_PERMISSION),
+                                (Credentials("admin", "admin-secret"), ResponseCode.SUCCESS)):
+            for code, ext, body in requests:
+                r = await raw.request(code, creds.sign(dict(ext), body), body)
+                assert r.code == expected, (creds.access_key, code, r.remark)
+    finally:
+        raw.close()
