@@ -262,7 +262,7 @@ class _StateCollector:
         stats = ctx.store.stats()
         yield GaugeMetricFamily("halfmq_store_size_bytes", "Bytes used in the LMDB map",
                                 value=stats.get("used_bytes", 0))
-        yield GaugeMetricFamily("halfmq_store_map_size_bytes", "LMDB map size (mapSize)",
+        yield GaugeMetricFamily("halfmq_store_map_size_bytes", "The most the LMDB map grows to (maxMapSize)",
                                 value=stats.get("map_size", 0))
         yield GaugeMetricFamily("halfmq_store_last_commit_seconds", "Duration of the last group commit",
                                 value=stats.get("last_commit_seconds", 0.0))
@@ -274,3 +274,20 @@ class _StateCollector:
         yield CounterMetricFamily("halfmq_store_ops", "Writes committed", value=stats.get("total_ops", 0))
         yield CounterMetricFamily("halfmq_store_corrupt_records", "Stored messages that failed their CRC check when "
                                   "read (never served)", value=stats.get("corrupt_records", 0))
+        if ctx.retention is not None:
+            lifecycle = ctx.retention.status()
+            yield GaugeMetricFamily("halfmq_store_data_bytes", "Bytes of LMDB pages holding data (free pages "
+                                    "excluded)", value=lifecycle.used_bytes)
+            yield GaugeMetricFamily("halfmq_store_limit_bytes", "The most the store can hold: maxMapSize or, when "
+                                    "smaller, its data file plus its disk's free space", value=lifecycle.limit_bytes)
+            yield GaugeMetricFamily("halfmq_store_use_ratio", "store_data_bytes / store_limit_bytes (retention acts "
+                                    "above diskMaxUsedSpaceRatio, sends are refused above "
+                                    "diskSpaceWarningLevelRatio)", value=lifecycle.use_ratio)
+            yield GaugeMetricFamily("halfmq_store_oldest_message_age_seconds", "Age of the oldest message held",
+                                    value=lifecycle.oldest_age_seconds)
+            yield CounterMetricFamily("halfmq_retention_deleted_messages", "Messages deleted by retention (age or "
+                                      "space)", value=lifecycle.deleted_total)
+            yield CounterMetricFamily("halfmq_deleted_topics_purged_messages", "Messages of deleted topics removed",
+                                      value=lifecycle.purged_total)
+            yield GaugeMetricFamily("halfmq_store_refusing_writes", "1 while new messages are refused (the store is "
+                                    "above diskSpaceWarningLevelRatio)", value=int(lifecycle.refusing))

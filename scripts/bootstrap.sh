@@ -9,7 +9,12 @@ if [ ! -x .venv/bin/python ]; then
 fi
 spec="."
 [ -n "$extras" ] && spec=".[$extras]"
-stamp=".venv/.halfmq-installed-$(sha256sum pyproject.toml | cut -c1-16)-${extras:-base}"
+stamps=".venv/.halfmq-installed-$(sha256sum pyproject.toml | cut -c1-16)"
+stamp="$stamps-${extras:-base}"
+# Every install has the base package: a request without extras is met by any install of this pyproject.toml.
+if [ -z "$extras" ] && compgen -G "$stamps-*" >/dev/null; then
+    exit 0
+fi
 if [ ! -f "$stamp" ]; then
     .venv/bin/python -m pip install --quiet --upgrade pip
     .venv/bin/python -m pip install --quiet -e "$spec"

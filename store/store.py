@@ -206,7 +206,8 @@ class MessageStore:
             raise StoreClosedError("the store is closed")
         completion = Completion(self.loop)
         if self.refusing is not None and isinstance(op, ADDS_MESSAGES):
-            completion.set_exception(StoreFullError(self.refusing))
+            # Through the same hand-off as a write's outcome: the broker writes answers when a batch is published.
+            self.loop.call_soon(self._publish, [(completion, (False, StoreFullError(self.refusing)))], {})
             return completion
         # Writes made in one loop iteration go to the writer together at its end: one group.
         if not self._outbox:

@@ -38,6 +38,18 @@ class PassResult:
     seconds: float = 0.0
 
 
+@dataclass(frozen=True)
+class RetentionStatus:
+    used_bytes: int
+    file_bytes: int
+    limit_bytes: int
+    use_ratio: float
+    oldest_age_seconds: float   #: of the oldest message held (0 for an empty store)
+    deleted_total: int          #: messages deleted by retention since start
+    purged_total: int           #: messages of deleted topics removed since start
+    refusing: bool              #: new messages refused (above diskSpaceWarningLevelRatio)
+
+
 class RetentionService:
     def __init__(self, ctx):
         cfg = ctx.config
@@ -131,6 +143,14 @@ class RetentionService:
             if done.done or (goal_bytes and freed >= goal_bytes) or done.next_start == start:
                 return
             start, blocked = done.next_start, done.blocked
+
+    def status(self) -> RetentionStatus:
+        """What brokerStatus and the metrics show of the store's size and retention."""
+        usage = self.store.usage()
+        oldest = self.store.oldest_store_timestamp()
+        return RetentionStatus(usage.used_bytes, usage.file_bytes, usage.limit_bytes, usage.ratio,
+                               max(0.0, time.time() - oldest / 1000) if oldest is not None else 0.0,
+                               self.deleted_total, self.purged_total, self.store.refusing is not None)
 
     def _check_usage(self) -> None:
         usage = self.store.usage()

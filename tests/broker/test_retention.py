@@ -147,3 +147,34 @@ async def test_a_full_disk_refuses_sends_keeps_reads_and_recovers(broker_factory
             assert len((await consumer.pull(queue, 0, max_nums=sent)).messages) == sent  # reads go on
         ballast.unlink()
         await producer.send(Message("Disk", body), queue)  # space is back: so are sends
+
+
+async def test_above_the_warning_level_sends_are_refused_reads_go_on_and_status_shows_it(broker_factory):
+    import urllib.request
+
+    broker = await broker_factory(mapSize=1 << 20, maxMapSize=4 << 20, diskSpaceWarningLevelRatio=10,
+                                  diskMaxUsedSpaceRatio=95, cleanResourceInterval=3_600_000,
+                                  metricsPromExporterPort=0)
+    queue = MessageQueue("Full", "broker-a", 0)
+    body = os.urandom(3000)
+    async with Producer("P", broker.namesrv_addr, retry_times=0) as producer, \
+            Admin(broker.namesrv_addr) as admin:
+        for _ in range(8):  # 256 pages: a quarter of the store's 4 MiB limit
+            await producer.send_batch([Message("Full", body) for _ in range(32)], queue)
+        await broker.ctx.retention.run_pass()
+        with pytest.raises(BrokerError) as refused:
+            await producer.send(Message("Full", b"one more"), queue)
+        assert refused.value.code == ResponseCode.SERVICE_NOT_AVAILABLE
+        assert "diskSpaceWarningLevelRatio=10%" in refused.value.remark
+        async with PullConsumer("C", broker.namesrv_addr) as consumer:
+            assert len((await consumer.pull(queue, 0, max_nums=32)).messages) == 32  # reads go on
+        status = await admin.broker_status()
+        assert status["storeRefusingWrites"] == "true" and float(status["storeUseRatio"]) > 0.1
+        assert int(status["storeLimitBytes"]) == 4 << 20 and float(status["oldestMessageAgeSeconds"]) >= 0
+        metrics = urllib.request.urlopen(f"http://{broker.metrics_addr}/metrics", timeout=5).read().decode()
+        assert "halfmq_store_refusing_writes 1.0" in metrics and "halfmq_store_use_ratio" in metrics
+        await admin.delete_topic("Full")
+        await broker.ctx.retention.run_pass()  # purges the topic: the store is below the level again
+        assert (await admin.broker_status())["storeRefusingWrites"] == "false"
+        assert int((await admin.broker_status())["deletedTopicsPurgedMessages"]) == 256
+        await producer.send(Message("Other", b"accepted again"))
