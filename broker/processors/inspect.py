@@ -72,6 +72,13 @@ class InspectProcessor:
                  "halfMessagesDiscarded": str(check.discarded),
                  "lastCheckPassMillis": f"{check.last_pass_seconds * 1000:.2f}", "heldPulls": str(ctx.long_poll.count()),
                  "topics": str(len(ctx.topics.topics)), "flushDiskType": ctx.config.flushDiskType}
+        lifecycle = ctx.retention.status()
+        table.update({"storeDataBytes": str(lifecycle.used_bytes), "storeFileBytes": str(lifecycle.file_bytes),
+                      "storeLimitBytes": str(lifecycle.limit_bytes), "storeUseRatio": f"{lifecycle.use_ratio:.4f}",
+                      "oldestMessageAgeSeconds": f"{lifecycle.oldest_age_seconds:.1f}",
+                      "retentionDeletedMessages": str(lifecycle.deleted_total),
+                      "deletedTopicsPurgedMessages": str(lifecycle.purged_total),
+                      "storeRefusingWrites": str(lifecycle.refusing).lower()})
         return _json(cmd, {"table": table})
 
     @staticmethod
