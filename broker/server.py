@@ -24,6 +24,7 @@ from .processors.admin import AdminProcessor
 from .processors.client_manage import ClientManageProcessor
 from .processors.end_transaction import EndTransactionProcessor
 from .processors.inspect import InspectProcessor
+from .processors.lifecycle import LifecycleProcessor
 from .processors.namesrv import NameServerProcessor
 from .processors.offsets import OffsetProcessor
 from .processors.pull import PullProcessor
@@ -137,7 +138,8 @@ class Broker:
         self.addr = format_address(server.sockets[0].getsockname())
 
         for processor in (SendProcessor(ctx), PullProcessor(ctx), OffsetProcessor(ctx), ClientManageProcessor(ctx),
-                          AdminProcessor(ctx), EndTransactionProcessor(ctx), InspectProcessor(ctx)):
+                          AdminProcessor(ctx), EndTransactionProcessor(ctx), InspectProcessor(ctx),
+                          LifecycleProcessor(ctx)):
             processor.register(self.dispatcher)
         NameServerProcessor(ctx).register(self.dispatcher)
         NameServerProcessor(ctx).register(self.namesrv_dispatcher)
