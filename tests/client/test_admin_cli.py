@@ -24,7 +24,8 @@ async def halfmq(*args, env=None):
 
 
 async def admin_json(broker, *args):
-    code, out, err = await halfmq("admin", *args, "-n", broker.namesrv_addr, "--json")
+    # Options first, where the old parser took them too: each test fails on the habit it is about.
+    code, out, err = await halfmq("admin", "-n", broker.namesrv_addr, "--json", *args)
     assert code == 0, err
     return json.loads(out)
 
@@ -56,12 +57,22 @@ async def test_every_option_of_every_command_has_help_with_its_default():
 async def test_tables_show_names_not_reprs_or_codes(broker):
     async with Producer("PG_CLI", broker.namesrv_addr) as producer:
         await producer.send(Message("CliT", b"x"))
-        (route, conns) = await asyncio.gather(halfmq("admin", "topicRoute", "-t", "CliT", "-n", broker.namesrv_addr),
-                                              halfmq("admin", "producerConnection", "-g", "PG_CLI",
-                                                     "-n", broker.namesrv_addr))
+        (route, conns) = await asyncio.gather(halfmq("admin", "-n", broker.namesrv_addr, "topicRoute", "-t", "CliT"),
+                                              halfmq("admin", "-n", broker.namesrv_addr, "producerConnection",
+                                                     "-g", "PG_CLI"))
     assert route[0] == 0 and "{" not in route[1] and "'" not in route[1], route[1]
     assert "brokerName" in route[1] and "writeQueueNums" in route[1]
     assert conns[0] == 0 and "PYTHON" in conns[1] and "V4_9_8" in conns[1], conns[1]
+
+
+async def test_query_msg_by_id_takes_either_id(broker):
+    async with Producer("PG_IDS", broker.namesrv_addr) as producer:
+        sent = await producer.send(Message("CliIds", b"either id", keys="k9"))
+    by_msg_id, by_offset_id = await asyncio.gather(
+        admin_json(broker, "queryMsgById", "-i", sent.msg_id),  # the id a send prints: refused before
+        admin_json(broker, "queryMsgById", "-i", sent.offset_msg_id))
+    assert by_msg_id == by_offset_id and [(r["msgId"], r["offsetMsgId"], r["body"]) for r in by_msg_id] == \
+        [(sent.msg_id, sent.offset_msg_id, "either id")]
 
 
 async def test_message_commands(broker):
