@@ -9,7 +9,7 @@ class OptionError(ValueError):
 #: The options each side understands (Spark hands them over lower-cased; these are their documented spellings).
 SOURCE_OPTIONS = ("namesrv", "subscribe", "startingOffsets", "endingOffsets", "maxOffsetsPerTrigger",
                   "failOnDataLoss", "tags")
-SINK_OPTIONS = ("namesrv", "topic", "producerGroup", "sinkId")
+SINK_OPTIONS = ("namesrv", "topic", "producerGroup", "sinkId", "checkImmunitySeconds")
 #: Options Spark itself may pass to any data source (a load/save path, a streaming sink's checkpoint).
 SPARK_OPTIONS = ("path", "checkpointLocation")
 

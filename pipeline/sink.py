@@ -1,87 +1,147 @@
-"""The "halfmq" Spark sink: each task stores its rows as half messages, the driver commits or rolls them back."""
+"""The "halfmq" Spark sink: tasks store their rows as half messages, the driver decides each batch once in the
+decision log and carries it out (protocol: docs/spark-sink.md)."""
 from __future__ import annotations
+
+import re
+import uuid
 
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 
-from . import sink_io
+from halfmq.protocol.properties import RESERVED_KEYS
+
+from . import sink_io, sink_lease
 from .options import OptionError, namesrv_option
+
+#: Long enough for normal jobs between a task's write and the commit; a check before the decision is answered
+#: UNKNOW while the driver lives, so a shorter time only costs check-backs (each burns one of
+#: transactionCheckMax; a half discarded after its last one is resumed by the commit).
+DEFAULT_CHECK_IMMUNITY_SECONDS = 300
+_SINK_ID = re.compile(r"[A-Za-z0-9_.\-]{1,100}")
+#: Spark's local properties of a streaming query's tasks: the query id (kept in the checkpoint, so the same
+#: across restarts) and the micro-batch id.
+_QUERY_ID, _BATCH_ID = "sql.streaming.queryId", "streaming.sql.batchId"
 
 
 class HalfmqCommit(WriterCommitMessage):
-    def __init__(self, halves: list):
+    """One task's halves, and which sink, batch, attempt and task attempt they belong to."""
+
+    def __init__(self, tag: sink_io.HalfTag, halves: list):
+        self.tag = tag
         self.halves = halves
 
 
 class _Writing:
     def __init__(self, options: dict[str, str]):
         self.namesrv = namesrv_option(options)
-        self.topic = options.get("topic")
-        self.group = options.get("producergroup", "halfmq-spark-sink")
+        self.topic = options.get("topic") or None
+        self.group = options.get("producergroup", sink_io.DEFAULT_GROUP)
         self.sink_id = options.get("sinkid")
+        if self.sink_id is not None and not _SINK_ID.fullmatch(self.sink_id):
+            raise OptionError(f"option 'sinkId' {self.sink_id!r}: 1 to 100 letters, digits, '_', '.' or '-'")
+        text = options.get("checkimmunityseconds", str(DEFAULT_CHECK_IMMUNITY_SECONDS))
+        try:
+            self.immunity = int(text)
+        except ValueError:
+            self.immunity = 0
+        if self.immunity < 1:
+            raise OptionError(f"option 'checkImmunitySeconds' {text!r} is not a whole number of seconds >= 1")
+        self.attempt = uuid.uuid4().hex
+        self.lease_pid: int | None = None
 
-    def _messages(self, rows, partition_tag: str):
+    def __getstate__(self):
+        # Spark pickles the writer on the driver to ship it to the tasks (and, for a batch, to the commit): the
+        # attempt starts then, with its owner process.
+        if self.lease_pid is None:
+            self.lease_pid = sink_lease.start(self.namesrv, self.group, self.attempt)
+        return self.__dict__
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
+    def _message(self, row, props: dict[str, str]):
         from halfmq.client import Message
 
-        out = []
-        for index, row in enumerate(rows):
-            values = row.asDict()
-            topic = values.get("topic") or self.topic
-            if not topic:
-                raise OptionError("rows need a 'topic' column or the sink needs option 'topic'")
-            body = values.get("body")
-            if body is None:
-                raise OptionError("rows need a 'body' column")
-            props = dict(values.get("properties") or {})
-            props["HALFMQ_IDEMPOTENCY_KEY"] = f"{partition_tag}-{index}"
-            out.append(Message(topic, bytes(body) if not isinstance(body, str) else body.encode(),
-                               tags=values.get("tags"), keys=values.get("keys"), properties=props,
-                               check_immunity_seconds=sink_io.SINK_IMMUNITY_SECONDS))
-        return out
+        values = row.asDict()
+        topic = self.topic or values.get("topic")  # as in Kafka's sink: the option beats the column
+        if not topic:
+            raise OptionError("rows need a 'topic' column or the sink needs option 'topic'")
+        body = values.get("body")
+        if body is None:
+            raise OptionError("rows need a 'body' column")
+        # A source row's properties can be written back: the names the broker and client set are theirs, and the
+        # sink's own are this write's.
+        user = values.get("properties") or {}
+        props = {**{k: v for k, v in user.items() if k not in RESERVED_KEYS and k not in sink_io.SINK_PROPERTIES
+                    and v is not None}, **props}
+        return (Message(topic, body.encode() if isinstance(body, str) else bytes(body), tags=values.get("tags"),
+                        keys=values.get("keys"), properties=props, check_immunity_seconds=self.immunity),
+                values.get("queue_id"))
 
-    def _write(self, iterator, partition_tag: str) -> HalfmqCommit:
-        return HalfmqCommit(sink_io.send_halves(self.namesrv, self.group, self._messages(iterator, partition_tag)))
+    def _write(self, rows, tag: sink_io.HalfTag) -> HalfmqCommit:
+        messages = (self._message(row, tag.properties(index)) for index, row in enumerate(rows))
+        return HalfmqCommit(tag, sink_io.send_halves(self.namesrv, self.group, tag, messages))
 
-    def _end(self, messages, commit: bool) -> None:
-        halves = [h for m in messages if m is not None for h in m.halves]
-        if halves:
-            sink_io.end_halves(self.namesrv, self.group, halves, commit)
+    def _task(self) -> str:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        return f"{ctx.partitionId()}.{ctx.attemptNumber()}" if ctx else "0.0"
+
+    @staticmethod
+    def _collect(messages) -> tuple[sink_io.HalfTag | None, list[str], list]:
+        present = [m for m in messages if m is not None]
+        halves = [h for m in present for h in m.halves]
+        return (present[0].tag if present else None), [m.tag.task for m in present], halves
 
 
 class HalfmqWriter(_Writing, DataSourceWriter):
-    """Each task stores its rows as half messages; commit() publishes them all, abort() none."""
+    """A batch write: published all at once by commit(), or not at all."""
 
     def write(self, iterator) -> HalfmqCommit:
-        from pyspark import TaskContext
-
-        ctx = TaskContext.get()
-        tag = f"batch-{ctx.stageId()}-{ctx.partitionId()}-{ctx.attemptNumber()}" if ctx else "batch"
+        tag = sink_io.HalfTag(self.sink_id or f"write-{self.attempt}", 0, self.attempt, self._task())
         return self._write(iterator, tag)
 
     def commit(self, messages) -> None:
-        self._end(messages, True)
+        tag, tasks, halves = self._collect(messages)
+        try:
+            if tag is not None:
+                sink_io.commit_batch(self.namesrv, self.group, tag.sink_id, 0, self.attempt, tasks, halves)
+        finally:
+            sink_lease.end(self.lease_pid, self.attempt)
 
     def abort(self, messages) -> None:
-        self._end(messages, False)
+        tag, _tasks, halves = self._collect(messages)
+        try:
+            sink_io.abort_batch(self.namesrv, self.group, tag.sink_id if tag else self.sink_id or
+                                f"write-{self.attempt}", 0, self.attempt, halves)
+        finally:
+            sink_lease.end(self.lease_pid, self.attempt)
 
 
 class HalfmqStreamWriter(_Writing, DataSourceStreamWriter):
-    """Per micro-batch: halves from every task, then one commit or abort. With ``sinkId`` a batch id that was
-    already committed (a replay after a driver crash) is rolled back instead of published twice."""
+    """A micro-batch is published exactly once, across driver crashes and restarts from the checkpoint: its
+    sink id (option ``sinkId``, else the query's id, which the checkpoint keeps) and batch id name it in the
+    decision log, and a replayed batch whose first run was decided COMMIT is rolled back."""
 
     def write(self, iterator) -> HalfmqCommit:
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
-        tag = f"{self.sink_id or 'stream'}-{ctx.partitionId() if ctx else 0}-{ctx.attemptNumber() if ctx else 0}"
-        return self._write(iterator, tag)
+        sink_id = self.sink_id or (ctx and ctx.getLocalProperty(_QUERY_ID))
+        batch = ctx and ctx.getLocalProperty(_BATCH_ID)
+        if not sink_id or batch is None:
+            raise OptionError("the halfmq stream writer runs outside a streaming query's task (no query id)")
+        return self._write(iterator, sink_io.HalfTag(sink_id, int(batch), self.attempt, self._task()))
 
     def commit(self, messages, batchId: int) -> None:
-        if self.sink_id and sink_io.batch_committed(self.namesrv, self.sink_id, batchId):
-            self._end(messages, False)
-            return
-        self._end(messages, True)
-        if self.sink_id:
-            sink_io.mark_batch_committed(self.namesrv, self.group, self.sink_id, batchId)
+        tag, tasks, halves = self._collect(messages)
+        if tag is None:
+            return  # no task wrote anything
+        if tag.batch_id != batchId:
+            raise RuntimeError(f"the tasks wrote batch {tag.batch_id}, Spark commits batch {batchId}")
+        sink_io.commit_batch(self.namesrv, self.group, tag.sink_id, batchId, tag.attempt, tasks, halves)
 
     def abort(self, messages, batchId: int) -> None:
-        self._end(messages, False)
+        tag, _tasks, halves = self._collect(messages)
+        if tag is not None:
+            sink_io.abort_batch(self.namesrv, self.group, tag.sink_id, batchId, tag.attempt, halves)

@@ -1,120 +1,415 @@
-"""The broker calls the Spark sink's tasks and driver make, as plain functions (each runs its own event loop)."""
+"""The broker side of the Spark sink (protocol: docs/spark-sink.md): pipelined half sends, the decision log that
+decides each batch, acknowledged decisions, and the check-back answers every producer of a sink group gives.
+
+The public functions are plain (each runs its own event loop): Spark calls them from tasks and driver workers.
+"""
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 from dataclasses import dataclass
+from typing import Iterable
 
 from halfmq.client import LocalTransactionState, Message, MessageQueue, TransactionProducer
 from halfmq.client.admin import Admin
-from halfmq.client.errors import BrokerError
-from halfmq.protocol.codes import RequestCode, ResponseCode
-from halfmq.protocol.headers import QueryMessageRequestHeader, UpdateConsumerOffsetRequestHeader
+from halfmq.client.errors import BrokerError, ClientError, IllegalOperationError
+from halfmq.protocol.codes import ResponseCode
 
-from .broker_io import READER_GROUP
+log = logging.getLogger(__name__)
 
+COMMIT, ROLLBACK, UNKNOWN = (LocalTransactionState.COMMIT_MESSAGE, LocalTransactionState.ROLLBACK_MESSAGE,
+                             LocalTransactionState.UNKNOW)
 
-@dataclass
-class HalfRecord:
-    """What a sink task hands the driver for each half message it stored."""
-
-    topic: str
-    broker_name: str
-    queue_id: int
-    queue_offset: int
-    msg_id: str
-    offset_msg_id: str
-
-
-#: Sink halves are not checked before this many seconds (CHECK_IMMUNITY_TIME_IN_SECONDS): no job runs longer, so
-#: a half still undecided then belongs to a job that died between a task's write and the job's commit or abort.
-SINK_IMMUNITY_SECONDS = 3600
-
-
-class _NoLocalDecision:
-    """Sink halves are decided by the job's commit or abort. A check-back (only after SINK_IMMUNITY_SECONDS)
-    can only concern an orphan of a dead job: roll it back."""
-
-    def execute_local_transaction(self, msg, arg):
-        return LocalTransactionState.UNKNOW
-
-    def check_local_transaction(self, msg):
-        return LocalTransactionState.ROLLBACK_MESSAGE
+#: The system topic holding the decision records (one queue of it: queue 0 of the first broker).
+SINK_COMMITS_TOPIC = "HALFMQ_SINK_COMMITS"
+DEFAULT_GROUP = "halfmq-spark-sink"
+#: A sink attempt's owner (sink_lease.py) registers as a producer of this group + the attempt id while it lives.
+OWNER_GROUP_PREFIX = "HALFMQ_SINK_OWNER_"
+#: Properties every sink half carries: what identifies its row and the attempt and task attempt it belongs to.
+IDEMPOTENCY_KEY = "HALFMQ_IDEMPOTENCY_KEY"
+SINK_ID, SINK_BATCH, SINK_ATTEMPT, SINK_TASK = "HALFMQ_SINK_ID", "HALFMQ_SINK_BATCH", "HALFMQ_SINK_ATTEMPT", \
+    "HALFMQ_SINK_TASK"
+SINK_PROPERTIES = frozenset({IDEMPOTENCY_KEY, SINK_ID, SINK_BATCH, SINK_ATTEMPT, SINK_TASK})
+#: Halves in flight per task (each a two-way send_half) and decisions in flight per commit.
+SEND_WINDOW = 256
+DECIDE_WINDOW = 256
+#: QUERY_MESSAGE answers at most this many records of a key; a batch never gets near it (see DecisionLog.read).
+_QUERY_MAX = 64
+#: Transient failures of one acknowledged decision are retried (deciding again is harmless) this many times.
+_DECIDE_TRIES = 5
 
 
-def send_halves(namesrv: str, group: str, messages: list[Message]) -> list[HalfRecord]:
-    """Store messages as half messages (invisible until the job commits). On failure, roll back what was sent."""
-    async def run():
+class SinkError(RuntimeError):
+    """The sink cannot publish a batch as asked; the message says what happened to its rows."""
+
+
+@dataclass(frozen=True)
+class HalfTag:
+    """Which row set a task's halves belong to."""
+
+    sink_id: str
+    batch_id: int
+    attempt: str  # the writer's id: one per batch write, one per run of a streaming query
+    task: str     # "<partition>.<task attempt number>"
+
+    def properties(self, row: int) -> dict[str, str]:
+        partition = self.task.split(".", 1)[0]
+        return {IDEMPOTENCY_KEY: f"{self.sink_id}:{self.batch_id}:{partition}:{row}", SINK_ID: self.sink_id,
+                SINK_BATCH: str(self.batch_id), SINK_ATTEMPT: self.attempt, SINK_TASK: self.task}
+
+
+#: What a task hands the driver for each half it stored: topic, broker name, queue id, queue offset, msg id,
+#: offset msg id (a plain tuple: a commit message carries one per row).
+HalfRecord = tuple[str, str, int, int, str, str]
+
+
+def owner_group(attempt: str) -> str:
+    return OWNER_GROUP_PREFIX + attempt
+
+
+# --- the decision log ---
+@dataclass(frozen=True)
+class Decision:
+    """One record of HALFMQ_SINK_COMMITS: an attempt of a batch is committed (with the task attempts whose halves
+    it publishes) or rolled back."""
+
+    attempt: str
+    commit: bool
+    tasks: frozenset[str] = frozenset()
+
+    def encode(self, sink_id: str, batch_id: int) -> bytes:
+        return json.dumps({"sink": sink_id, "batch": batch_id, "attempt": self.attempt,
+                           "verdict": "commit" if self.commit else "rollback", "tasks": sorted(self.tasks)}).encode()
+
+    @classmethod
+    def decode(cls, body: bytes) -> "Decision":
+        data = json.loads(body)
+        return cls(data["attempt"], data["verdict"] == "commit", frozenset(data.get("tasks", ())))
+
+
+def batch_winner(records: list[Decision]) -> tuple[Decision | None, set[str]]:
+    """The batch's published attempt: the first commit record (in log order) of an attempt not rolled back by an
+    earlier record; and the attempts rolled back before it. Records after the winner change nothing."""
+    rolled_back: set[str] = set()
+    for record in records:
+        if not record.commit:
+            rolled_back.add(record.attempt)
+        elif record.attempt not in rolled_back:
+            return record, rolled_back
+    return None, rolled_back
+
+
+def half_verdict(records: list[Decision], attempt: str, task: str) -> bool | None:
+    """True: publish a half of ``attempt`` written by ``task``; False: roll it back; None: not decided yet."""
+    winner, rolled_back = batch_winner(records)
+    if winner is not None:
+        return winner.attempt == attempt and task in winner.tasks
+    return False if attempt in rolled_back else None
+
+
+def batch_key(sink_id: str, batch_id: int) -> str:
+    return f"{sink_id}:{batch_id}"
+
+
+class DecisionLog:
+    """Reads and appends decision records through a producer and an admin client of the caller's loop."""
+
+    def __init__(self, producer, admin: Admin):
+        self.producer = producer
+        self.admin = admin
+        self._queue: MessageQueue | None = None
+
+    async def _log_queue(self) -> MessageQueue:
+        # Records are compared by queue offset, so every one goes to one queue: queue 0 on the broker the
+        # queries ask (the first master).
+        if self._queue is None:
+            addr = await self.admin.broker_addr()
+            route = await self.producer.instance.routes.get(SINK_COMMITS_TOPIC, True)
+            names = [name for name, a in route.broker_addrs.items() if a == addr] or sorted(route.broker_addrs)
+            self._queue = MessageQueue(SINK_COMMITS_TOPIC, names[0], 0)
+        return self._queue
+
+    async def read(self, sink_id: str, batch_id: int) -> list[Decision]:
+        """The batch's records in log order. Only the broker's "no such key" means none: any other failure
+        raises (a batch must never be published on a guess)."""
+        try:
+            found = await self.admin.query_msg_by_key(SINK_COMMITS_TOPIC, batch_key(sink_id, batch_id), _QUERY_MAX)
+        except BrokerError as exc:
+            if exc.code == ResponseCode.QUERY_NOT_FOUND:
+                return []
+            raise
+        if len(found) >= _QUERY_MAX:
+            # The query answers the newest records only, and the first decides: never guess. (A batch gets one
+            # record per commit attempt plus one per concurrent check answerer that found its owner dead.)
+            raise SinkError(f"batch {batch_key(sink_id, batch_id)} has {len(found)} or more decision records; "
+                            f"its first cannot be read")
+        return [Decision.decode(m.body) for m in sorted(found, key=lambda m: m.queue_offset)]
+
+    async def append(self, sink_id: str, batch_id: int, decision: Decision) -> None:
+        """Append with an acknowledged (SYNC) send: once this returns the record is durable and readable."""
+        await self.producer.send(Message(SINK_COMMITS_TOPIC, decision.encode(sink_id, batch_id),
+                                         keys=batch_key(sink_id, batch_id)), await self._log_queue())
+
+
+async def owner_alive(admin: Admin, attempt: str) -> bool | None:
+    """Whether the attempt's owner (sink_lease.py, alive as long as the Spark driver) is connected; None when the
+    broker cannot tell."""
+    try:
+        return bool(await admin.producer_connections(owner_group(attempt)))
+    except BrokerError as exc:
+        if exc.code == ResponseCode.SYSTEM_ERROR and "not online" in (exc.remark or ""):
+            return False
+        return None
+    except ClientError:
+        return None
+
+
+# --- check-back answers ---
+@dataclass(frozen=True)
+class _Resolved:
+    """What the decision log says about one attempt of a batch (final: it never changes once known)."""
+
+    winner: Decision | None  # None: the attempt was rolled back and no other attempt won yet
+
+
+class SinkCheckListener:
+    """The check-back answers of every producer of a sink group (tasks, commit workers, the attempt's owner).
+
+    A half is answered from the decision log: COMMIT if its batch's winning decision names its attempt and its
+    task attempt, ROLLBACK if another attempt won or its attempt was rolled back; with no decision, UNKNOW while
+    the attempt's owner is connected (a long job never loses rows) and, once it is gone, a rollback record is
+    appended first (the first decision wins, so a late commit record loses the race cleanly) and the half is
+    answered from the log again. Checks of one attempt share one look-up.
+    """
+
+    def __init__(self, namesrv: str):
+        self.namesrv = namesrv
+        self.log: DecisionLog | None = None
+        self.admin: Admin | None = None
+        self._resolving: dict[tuple[str, int, str], asyncio.Task] = {}
+
+    def bind(self, producer) -> None:
+        self.admin = Admin(self.namesrv)
+        self.log = DecisionLog(producer, self.admin)
+
+    async def close(self) -> None:
+        if self.admin is not None:
+            await self.admin.close()
+
+    async def execute_local_transaction(self, msg, arg) -> LocalTransactionState:
+        return UNKNOWN
+
+    async def check_local_transaction(self, msg) -> LocalTransactionState:
+        props = msg.properties
+        try:
+            sink_id, batch_id, attempt, task = (props[SINK_ID], int(props[SINK_BATCH]), props[SINK_ATTEMPT],
+                                                props[SINK_TASK])
+        except (KeyError, ValueError):
+            # A half of this group without the sink's properties: written by a sink before the decision log
+            # (whose job is long gone), or by something else using the group: it cannot be published safely.
+            log.warning("check-back for a half without sink properties (%s): rolled back", msg.msg_id)
+            return ROLLBACK
+        key = (sink_id, batch_id, attempt)
+        task_future = self._resolving.get(key)
+        if task_future is None:
+            task_future = asyncio.get_running_loop().create_task(self._resolve(sink_id, batch_id, attempt))
+            self._resolving[key] = task_future
+            task_future.add_done_callback(lambda f, k=key: self._forget_unless_final(k, f))
+        resolved = await asyncio.shield(task_future)
+        if resolved is None:
+            return UNKNOWN
+        winner = resolved.winner
+        return COMMIT if winner is not None and winner.attempt == attempt and task in winner.tasks else ROLLBACK
+
+    def _forget_unless_final(self, key, future: asyncio.Task) -> None:
+        if future.cancelled() or future.exception() is not None or future.result() is None:
+            self._resolving.pop(key, None)
+        elif len(self._resolving) > 10_000:  # a long-lived owner: keep the memory bounded
+            self._resolving.clear()
+
+    async def _resolve(self, sink_id: str, batch_id: int, attempt: str) -> _Resolved | None:
+        records = await self.log.read(sink_id, batch_id)
+        if half_verdict(records, attempt, "") is None:
+            if await owner_alive(self.admin, attempt) is not False:
+                return None
+            log.info("sink attempt %s of batch %s: its owner is gone and nothing was decided: rolling it back",
+                     attempt, batch_key(sink_id, batch_id))
+            await self.log.append(sink_id, batch_id, Decision(attempt, False))
+            records = await self.log.read(sink_id, batch_id)
+        winner, _rolled_back = batch_winner(records)
+        return _Resolved(winner)
+
+
+def _sink_producer(namesrv: str, group: str) -> tuple[TransactionProducer, SinkCheckListener]:
+    listener = SinkCheckListener(namesrv)
+    producer = TransactionProducer(group, listener, namesrv, send_timeout=30.0)
+    listener.bind(producer)
+    return producer, listener
+
+
+# --- task side ---
+def send_halves(namesrv: str, group: str, tag: HalfTag, messages: Iterable[tuple[Message, int | None]],
+                window: int = SEND_WINDOW) -> list[HalfRecord]:
+    """Store messages (each with the queue id it must go to, or None) as half messages, up to ``window`` in
+    flight, reading ``messages`` as it goes. On failure the halves stored are rolled back and the error raised."""
+    async def run() -> list[HalfRecord]:
+        producer, listener = _sink_producer(namesrv, group)
         sent: list[HalfRecord] = []
-        async with TransactionProducer(group, _NoLocalDecision(), namesrv) as producer:
+        failures: list[BaseException] = []
+        slots = asyncio.Semaphore(window)
+        inflight: set[asyncio.Task] = set()
+
+        async def one(msg: Message, queue_id: int | None) -> None:
             try:
-                for msg in messages:
-                    r = await producer.send_half(msg)
-                    sent.append(HalfRecord(r.queue.topic, r.queue.broker_name, r.queue.queue_id, r.queue_offset,
-                                           r.msg_id, r.offset_msg_id))
+                queue = None if queue_id is None else await _queue_of(producer, msg.topic, queue_id)
+                r = await producer.send_half(msg, queue)
+                sent.append((r.queue.topic, r.queue.broker_name, r.queue.queue_id, r.queue_offset, r.msg_id,
+                             r.offset_msg_id))
+            except BaseException as exc:
+                failures.append(exc)
+            finally:
+                slots.release()
+
+        await producer.start()
+        try:
+            try:
+                for msg, queue_id in messages:
+                    await slots.acquire()
+                    if failures:
+                        break
+                    task = asyncio.get_running_loop().create_task(one(msg, queue_id))
+                    inflight.add(task)
+                    task.add_done_callback(inflight.discard)
+                if inflight:
+                    await asyncio.gather(*inflight)
+                if failures:
+                    raise failures[0]
             except BaseException:
-                await _end(producer, sent, LocalTransactionState.ROLLBACK_MESSAGE)
+                for task in inflight:
+                    task.cancel()
+                await asyncio.gather(*inflight, return_exceptions=True)
+                try:
+                    await _decide_all(producer, sent, ROLLBACK)
+                except Exception as exc:  # the check-backs roll them back (the attempt will not commit them)
+                    log.warning("rolling back %d halves of a failed task failed: %s", len(sent), exc)
                 raise
+        finally:
+            await producer.close()
+            await listener.close()
         return sent
     return asyncio.run(run())
 
 
-async def _end(producer: TransactionProducer, halves: list[HalfRecord], state: LocalTransactionState) -> None:
-    from halfmq.client.message import SendResult, SendStatus
-
-    for h in halves:
-        result = SendResult(SendStatus.SEND_OK, h.msg_id, h.offset_msg_id, MessageQueue(h.topic, h.broker_name,
-                                                                                         h.queue_id),
-                            h.queue_offset, h.msg_id)
-        await producer.end_transaction(result, state)
-
-
-def end_halves(namesrv: str, group: str, halves: list[HalfRecord], commit: bool) -> None:
-    """Commit or roll back halves; returns once the broker has applied every decision."""
-    async def run():
-        async with TransactionProducer(group, _NoLocalDecision(), namesrv) as producer:
-            state = LocalTransactionState.COMMIT_MESSAGE if commit else LocalTransactionState.ROLLBACK_MESSAGE
-            await _end(producer, halves, state)
-            # END_TRANSACTION is oneway; a two-way write on the same connections after it returns only once
-            # the decisions before it are durable.
-            for conn in producer.instance.pool.open_connections():
-                if conn.addr != producer.instance.routes.namesrv[0]:
-                    await conn.request(RequestCode.UPDATE_CONSUMER_OFFSET, UpdateConsumerOffsetRequestHeader(
-                        consumerGroup=READER_GROUP, topic="%HALFMQ_SINK_BARRIER%", queueId=0,
-                        commitOffset=0).to_ext())
-    asyncio.run(run())
+async def _queue_of(producer, topic: str, queue_id: int) -> MessageQueue:
+    route = producer.instance.routes.cached(topic) or await producer.instance.routes.get(topic, producer.auto_create)
+    for queue in route.write_queues:
+        if queue.queue_id == queue_id:
+            return queue
+    raise SinkError(f"column 'queue_id': topic {topic} has no writable queue {queue_id} "
+                    f"(it has {len(route.write_queues)})")
 
 
-SINK_COMMITS_TOPIC = "HALFMQ_SINK_COMMITS"
-
-
-def _batch_key(sink_id: str, batch_id: int) -> str:
-    return f"{sink_id}:{batch_id}"
-
-
-def batch_committed(namesrv: str, sink_id: str, batch_id: int) -> bool:
-    """Whether a streaming sink already published this batch (its marker is in HALFMQ_SINK_COMMITS)."""
-    async def run():
-        admin = Admin(namesrv)
+# --- driver side ---
+async def _decide_one(producer: TransactionProducer, admin: Admin, half: HalfRecord,
+                      state: LocalTransactionState) -> None:
+    topic, broker_name, queue_id, queue_offset, msg_id, offset_msg_id = half
+    queue = MessageQueue(topic, broker_name, queue_id)
+    resumed = False
+    for attempt in range(_DECIDE_TRIES):
         try:
-            await admin.call(await admin.broker_addr(), RequestCode.QUERY_MESSAGE, QueryMessageRequestHeader(
-                topic=SINK_COMMITS_TOPIC, key=_batch_key(sink_id, batch_id), maxNum=1, beginTimestamp=0,
-                endTimestamp=2 ** 62).to_ext())
-            return True
-        except BrokerError as exc:
-            # Only the broker's word that there is no marker means "not committed"; any other failure must fail
-            # the batch (Spark retries it) rather than publish it a second time.
-            if exc.code == ResponseCode.QUERY_NOT_FOUND:
-                return False
+            await producer.decide(queue, queue_offset, offset_msg_id, msg_id, state)
+            return
+        except IllegalOperationError as exc:
+            # A commit refused: the half was discarded after its checks (a job longer than the checks last:
+            # resume it and commit again), or it was rolled back (resuming is refused then: fail loudly).
+            if state is not COMMIT or resumed:
+                raise SinkError(f"the broker refused to {'commit' if state is COMMIT else 'roll back'} half "
+                                f"{offset_msg_id} ({topic}/{queue_id}@{queue_offset}): {exc}") from exc
+            try:
+                await admin.resume_half(offset_msg_id)
+            except BrokerError as resume_exc:
+                raise SinkError(f"half {offset_msg_id} ({topic}/{queue_id}@{queue_offset}) was decided the other "
+                                f"way before this commit: {exc}; {resume_exc}") from exc
+            resumed = True
+        except BrokerError:
             raise
+        except ClientError as exc:
+            if attempt + 1 == _DECIDE_TRIES:
+                raise
+            log.info("decision for half %s not answered (%s); sending it again", offset_msg_id, exc)
+
+
+async def _decide_all(producer: TransactionProducer, halves: list[HalfRecord], state: LocalTransactionState,
+                      window: int = DECIDE_WINDOW) -> None:
+    """Every decision acknowledged, ``window`` in flight; the first failure raises after the others finished."""
+    if not halves:
+        return
+    slots = asyncio.Semaphore(window)
+    async with Admin(producer.instance.routes.namesrv[0]) as admin:
+        async def one(half: HalfRecord) -> None:
+            async with slots:
+                await _decide_one(producer, admin, half, state)
+
+        results = await asyncio.gather(*(one(h) for h in halves), return_exceptions=True)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        raise errors[0]
+
+
+def commit_batch(namesrv: str, group: str, sink_id: str, batch_id: int, attempt: str, tasks: Iterable[str],
+                 halves: list[HalfRecord]) -> bool:
+    """Decide a batch for ``attempt`` and carry the decision out. Returns True if this attempt's rows were
+    published, False if another attempt of the batch had already been (a streaming replay: its halves are rolled
+    back). Raises SinkError if the attempt was rolled back first (a check found its owner gone)."""
+    async def run() -> bool:
+        producer, listener = _sink_producer(namesrv, group)
+        await producer.start()
+        try:
+            records = await listener.log.read(sink_id, batch_id)
+            winner, _ = batch_winner(records)
+            if winner is None:
+                await listener.log.append(sink_id, batch_id, Decision(attempt, True, frozenset(tasks)))
+                winner, _ = batch_winner(await listener.log.read(sink_id, batch_id))
+            if winner is not None and winner.attempt == attempt:
+                try:
+                    await _decide_all(producer, halves, COMMIT)
+                except Exception as exc:
+                    raise SinkError(f"batch {batch_key(sink_id, batch_id)} is decided COMMIT and some of its halves "
+                                    f"could not be committed now ({exc}); the broker's check-backs publish them: "
+                                    f"do not run the job again") from exc
+                return True
+            await _decide_all(producer, halves, ROLLBACK)
+            if winner is None:
+                raise SinkError(f"batch {batch_key(sink_id, batch_id)} was rolled back before it could commit (a "
+                                f"check-back found its driver gone): nothing of it was published")
+            return False
         finally:
-            await admin.close()
+            await producer.close()
+            await listener.close()
     return asyncio.run(run())
 
 
-def mark_batch_committed(namesrv: str, group: str, sink_id: str, batch_id: int) -> None:
-    async def run():
-        from halfmq.client import Producer
-
-        async with Producer(group, namesrv) as producer:
-            await producer.send(Message(SINK_COMMITS_TOPIC, str(batch_id).encode(), keys=_batch_key(sink_id, batch_id)))
+def abort_batch(namesrv: str, group: str, sink_id: str, batch_id: int, attempt: str,
+                halves: list[HalfRecord]) -> None:
+    """Roll the attempt back: a rollback record first (so orphans of its failed tasks are answered ROLLBACK at
+    once), then its halves. An attempt already decided COMMIT is left to its commit."""
+    async def run() -> None:
+        producer, listener = _sink_producer(namesrv, group)
+        await producer.start()
+        try:
+            records = await listener.log.read(sink_id, batch_id)
+            if half_verdict(records, attempt, "") is None:
+                await listener.log.append(sink_id, batch_id, Decision(attempt, False))
+                records = await listener.log.read(sink_id, batch_id)
+            winner, _ = batch_winner(records)
+            if winner is not None and winner.attempt == attempt:
+                log.warning("batch %s is decided COMMIT: abort leaves it to be published",
+                            batch_key(sink_id, batch_id))
+                return
+            await _decide_all(producer, halves, ROLLBACK)
+        finally:
+            await producer.close()
+            await listener.close()
     asyncio.run(run())
+

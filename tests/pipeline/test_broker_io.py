@@ -1,12 +1,19 @@
-"""The sink's broker calls, against a real broker (no Spark needed)."""
+"""The sink's decision log, verdicts and acknowledged decisions, against a real broker (no Spark needed)."""
 from __future__ import annotations
 
+import asyncio
 import socket
+from types import SimpleNamespace
 
 import pytest
 
-from halfmq.client.errors import ClientError
-from halfmq.pipeline.sink_io import batch_committed, mark_batch_committed
+from halfmq.client import Message, TransactionProducer
+from halfmq.client.admin import Admin
+from halfmq.client.errors import ClientError, IllegalOperationError
+from halfmq.pipeline import sink_io
+from halfmq.pipeline.sink_io import Decision, DecisionLog, HalfTag, batch_winner, half_verdict
+
+C, R = sink_io.COMMIT, sink_io.ROLLBACK
 
 
 def unused_loopback_addr() -> str:
@@ -15,11 +22,87 @@ def unused_loopback_addr() -> str:
         return f"127.0.0.1:{sock.getsockname()[1]}"
 
 
-def test_a_batch_counts_as_committed_only_on_the_brokers_word(live_broker):
-    assert batch_committed(live_broker.namesrv_addr, "sink-a", 7) is False
-    mark_batch_committed(live_broker.namesrv_addr, "PG_SINK", "sink-a", 7)
-    assert batch_committed(live_broker.namesrv_addr, "sink-a", 7) is True
-    assert batch_committed(live_broker.namesrv_addr, "sink-b", 7) is False
-    # No answer is not "not committed": publishing the batch again could duplicate it.
+def test_the_first_commit_of_an_attempt_not_rolled_back_wins():
+    a, b = Decision("A", True, frozenset({"0.0", "1.1"})), Decision("B", True, frozenset({"0.0"}))
+    assert batch_winner([a, b])[0] == a
+    # A rolled back (its owner died undecided) before its late commit record: B's commit wins.
+    assert batch_winner([Decision("A", False), a, b])[0] == b
+    assert half_verdict([a, b], "A", "1.1") is True
+    assert half_verdict([a, b], "A", "1.0") is False  # a failed task attempt's orphan
+    assert half_verdict([a, b], "B", "0.0") is False  # a replay of a published batch
+    assert half_verdict([Decision("A", False)], "A", "0.0") is False
+    assert half_verdict([Decision("A", False)], "B", "0.0") is None
+    assert half_verdict([], "A", "0.0") is None
+
+
+def run_with_log(broker, coro_fn):
+    async def run():
+        async with TransactionProducer("PG_SINK", sink_io.SinkCheckListener(broker.namesrv_addr),
+                                       broker.namesrv_addr) as producer, Admin(broker.namesrv_addr) as admin:
+            return await coro_fn(producer, admin, DecisionLog(producer, admin))
+    return asyncio.run(run())
+
+
+def test_decision_records_are_read_in_log_order_and_only_the_brokers_word_means_none(live_broker):
+    async def body(_producer, _admin, log):
+        assert await log.read("sink-a", 7) == []
+        await log.append("sink-a", 7, Decision("A", False))
+        await log.append("sink-a", 7, Decision("B", True, frozenset({"0.0"})))
+        await log.append("sink-b", 7, Decision("C", True))
+        return await log.read("sink-a", 7)
+
+    assert run_with_log(live_broker, body) == [Decision("A", False), Decision("B", True, frozenset({"0.0"}))]
+
+    async def unreachable():
+        async with Admin(unused_loopback_addr()) as admin:
+            await DecisionLog(None, admin).read("sink-a", 8)
+    # No answer is not "no decision": publishing on a guess could duplicate or lose the batch.
     with pytest.raises(ClientError):
-        batch_committed(unused_loopback_addr(), "sink-a", 8)
+        asyncio.run(unreachable())
+
+
+def test_acknowledged_decisions_report_a_refusal(live_broker):
+    async def body(producer, _admin, _log):
+        sent = await producer.send_half(Message("DecideT", b"x"))
+        await producer.decide(sent.queue, sent.queue_offset, sent.offset_msg_id, sent.msg_id, R)
+        await producer.decide(sent.queue, sent.queue_offset, sent.offset_msg_id, sent.msg_id, R)  # repeated: fine
+        with pytest.raises(IllegalOperationError):
+            await producer.decide(sent.queue, sent.queue_offset, sent.offset_msg_id, sent.msg_id, C)
+
+    run_with_log(live_broker, body)
+
+
+def check_answer(broker, tag: HalfTag) -> sink_io.LocalTransactionState:
+    async def body(producer, _admin, _log):
+        listener = sink_io.SinkCheckListener(broker.namesrv_addr)
+        listener.bind(producer)
+        # What a check-back hands the listener: the half's record (its properties are what is read).
+        checked = SimpleNamespace(msg_id="checked", properties=tag.properties(0))
+        try:
+            return await listener.check_local_transaction(checked)
+        finally:
+            await listener.close()
+    return run_with_log(broker, body)
+
+
+def test_check_answers_come_from_the_decision_log_and_the_owners_liveness(live_broker):
+    namesrv = live_broker.namesrv_addr
+    committed = HalfTag("s1", 3, "A", "0.0")
+    run_with_log(live_broker, lambda _p, _a, log: log.append("s1", 3, Decision("A", True, frozenset({"0.0"}))))
+    assert check_answer(live_broker, committed) is C
+    assert check_answer(live_broker, HalfTag("s1", 3, "A", "0.1")) is R  # not the task attempt that won
+    assert check_answer(live_broker, HalfTag("s1", 3, "B", "0.0")) is R  # a replay: another attempt won
+
+    async def hold_owner(attempt, then):
+        async with TransactionProducer(sink_io.owner_group(attempt), sink_io.SinkCheckListener(namesrv), namesrv):
+            return await asyncio.to_thread(then)
+
+    undecided = HalfTag("s2", 0, "LIVE", "0.0")
+    # Undecided and the owner connected: a long job's half stays pending, whatever its age.
+    assert asyncio.run(hold_owner("LIVE", lambda: check_answer(live_broker, undecided))) is sink_io.UNKNOWN
+    # The owner gone: a rollback record first, then ROLLBACK; a late commit of that attempt loses.
+    assert check_answer(live_broker, undecided) is R
+    records = run_with_log(live_broker, lambda _p, _a, log: log.read("s2", 0))
+    assert records == [Decision("LIVE", False)]
+    with pytest.raises(sink_io.SinkError, match="rolled back before it could commit"):
+        sink_io.commit_batch(namesrv, "PG_SINK", "s2", 0, "LIVE", ["0.0"], [])
