@@ -249,7 +249,8 @@ class _StateCollector:
                                 labels=["topic", "consumer_group"])
         totals: dict[tuple[str, str], int] = {}
         for (group, topic, queue_id), offset in list(ctx.offsets.table.items()):
-            behind = max(0, ctx.store.max_offset(topic, queue_id) - offset)
+            # Messages retention deleted can no longer be consumed: they are not lag.
+            behind = max(0, ctx.store.max_offset(topic, queue_id) - max(offset, ctx.store.min_offset(topic, queue_id)))
             key = (topic_label(topic), group_label(group))
             totals[key] = totals.get(key, 0) + behind
         for (topic, group), value in totals.items():

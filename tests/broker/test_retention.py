@@ -6,6 +6,7 @@ import asyncio
 import os
 import subprocess
 import time
+import urllib.request
 
 import pytest
 
@@ -33,7 +34,7 @@ async def send_all(producer, topic: str, bodies, queue_id: int = 0) -> None:
 
 
 async def test_consumers_behind_the_minimum_are_moved_to_it(broker_factory):
-    broker = await broker_factory(**SHORT)
+    broker = await broker_factory(metricsPromExporterPort=0, **SHORT)
     queue = MessageQueue("Aging", "broker-a", 0)
     async with Producer("P", broker.namesrv_addr) as producer, PullConsumer("C", broker.namesrv_addr) as consumer:
         await send_all(producer, "Aging", [b"old-%d" % i for i in range(20)])
@@ -47,6 +48,9 @@ async def test_consumers_behind_the_minimum_are_moved_to_it(broker_factory):
         assert behind.status is PullStatus.OFFSET_ILLEGAL and behind.next_begin_offset == 20
         moved = await consumer.pull(queue, behind.next_begin_offset)
         assert [m.body for m in moved.messages] == [b"new-%d" % i for i in range(5)]
+        await consumer.update_offset(queue, 3)  # a group left behind: deleted messages are not its lag
+        metrics = urllib.request.urlopen(f"http://{broker.metrics_addr}/metrics", timeout=5).read().decode()
+        assert 'rocketmq_consumer_lag_messages{consumer_group="C",topic="Aging"} 5.0' in metrics
 
 
 async def test_writing_ten_times_the_store_keeps_succeeding(broker_factory):
@@ -151,8 +155,6 @@ async def test_a_full_disk_refuses_sends_keeps_reads_and_recovers(broker_factory
 
 
 async def test_above_the_warning_level_sends_are_refused_reads_go_on_and_status_shows_it(broker_factory):
-    import urllib.request
-
     broker = await broker_factory(mapSize=1 << 20, maxMapSize=4 << 20, diskSpaceWarningLevelRatio=10,
                                   diskMaxUsedSpaceRatio=95, cleanResourceInterval=3_600_000,
                                   metricsPromExporterPort=0)
