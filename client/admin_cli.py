@@ -24,7 +24,7 @@ from typing import Any
 from halfmq.protocol.errors import MessageFormatError
 
 from .admin import Admin
-from .admin_format import message_row, render
+from .admin_format import cell, message_row, render
 from .admin_messages import MessageTools, Range
 from .errors import ClientError
 from .remoting import Credentials
@@ -53,6 +53,13 @@ def time_arg(text: str) -> int:
     value = parse_time(text)
     if value is None:
         raise argparse.ArgumentTypeError("now is not allowed here")
+    return value
+
+
+def boolean(text: str) -> bool:
+    value = {"true": True, "false": False}.get(text.lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
     return value
 
 
@@ -115,7 +122,7 @@ async def print_msg(admin, tools, args):
         count += 1
         row = message_row(message, args.charset if args.print_body else None)
         print(json.dumps(row) if args.json else
-              " ".join(f"{k.upper()}: {v}" for k, v in row.items() if v is not None), flush=True)
+              " ".join(f"{k.upper()}: {cell(v)}" for k, v in row.items() if v is not None), flush=True)
     return None if args.json else {"printed": count}
 
 
@@ -194,12 +201,12 @@ OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
                                                             "yyyy-MM-dd#HH:mm:ss:SSS (default: the start)"}),
     "begin_b": (("-b", "--begin"), {"type": time_arg, "help": "first store time: epoch ms or "
                                                               "yyyy-MM-dd#HH:mm:ss:SSS (default: the start)"}),
-    "end": (("-e", "--end"), {"type": time_arg, "help": "store time to stop before: epoch ms or "
-                                                        "yyyy-MM-dd#HH:mm:ss:SSS (default: the end)"}),
+    "end": (("-e", "--end"), {"type": parse_time, "help": "store time to stop before: epoch ms, "
+                                                          "yyyy-MM-dd#HH:mm:ss:SSS or now (default: the end)"}),
     "count": (("-c", "--count"), {"type": non_negative, "default": 128, "help": "most messages shown"}),
     "charset": (("-c", "--charset"), {"default": "UTF-8", "help": "charset of the bodies"}),
     "subexpression": (("-s", "--subexpression"), {"default": "*", "help": "tag expression, e.g. 'a || b'"}),
-    "print_body": (("-d", "--print-body"), {"type": lambda t: t.lower() == "true", "default": True,
+    "print_body": (("-d", "--print-body"), {"type": boolean, "default": True,
                                             "help": "print the bodies (true/false)"}),
     "timestamp": (("-s", "--timestamp"), {"type": parse_time, "required": True,
                                           "help": "epoch ms, yyyy-MM-dd#HH:mm:ss:SSS, or now (the end)"}),
@@ -334,6 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ClientError, MessageFormatError) as exc:
         print(f"halfmq admin: {exc}", file=sys.stderr)
         return 1
-    if result is not None:
-        print(json.dumps(result, indent=2) if args.json else render(args.command, result))
+    try:
+        if result is not None:
+            print(json.dumps(result, indent=2) if args.json else render(args.command, result), flush=True)
+    except BrokenPipeError:  # the reader stopped early (| head): not an error; quiet at exit too
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (held until exit)
     return 0

@@ -27,7 +27,8 @@ def cell(value) -> str:
         return "true" if value else "false"
     if isinstance(value, dict | list):
         return json.dumps(value, separators=(",", ":"))
-    return str(value)
+    # One row a line: a body's line breaks and tabs are shown escaped.
+    return str(value).replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
 
 
 def table(rows: list[dict]) -> str:

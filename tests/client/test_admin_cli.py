@@ -181,3 +181,30 @@ async def test_new_admin_requests_need_an_admin_account(broker_factory, tmp_path
                 assert r.code == expected, (creds.access_key, code, r.remark)
     finally:
         raw.close()
+
+
+def test_times_and_message_id_dates():
+    import argparse
+
+    import pytest
+
+    from halfmq.client.admin_cli import parse_time
+    from halfmq.client.admin_messages import born_time
+    from halfmq.protocol.message import UniqKeyGenerator
+
+    assert parse_time("now") is None and parse_time("1700000000123") == 1700000000123
+    local = int(time.mktime(time.strptime("2026-01-02#03:04:05", "%Y-%m-%d#%H:%M:%S"))) * 1000
+    assert parse_time("2026-01-02#03:04:05:678") == local + 678 and parse_time("2026-01-02#03:04:05") == local
+    for bad in ("yesterday", "2026-01-02 03:04:05", "2026-01-02#03:04:05:x"):
+        with pytest.raises(argparse.ArgumentTypeError, match="not a time"):
+            parse_time(bad)
+    now = int(time.time() * 1000)
+    assert abs(born_time(UniqKeyGenerator().next()) - now) < 5_000
+    # Made just before a month ended, read just after: dated in the month before.
+    t = time.gmtime(now / 1000)
+    month_start = int(time.mktime((t.tm_year, t.tm_mon, 1, 0, 0, 0, 0, 0, -1)) * 1000)
+    made = month_start - 1_000
+    previous = time.gmtime(made / 1000)
+    since = made - int(time.mktime((previous.tm_year, previous.tm_mon, 1, 0, 0, 0, 0, 0, -1)) * 1000)
+    assert born_time("7F0000010000000000AB" + f"{since:08X}" + "0001", month_start + 60_000) == made
+    assert born_time("not hex" * 4 + "abcd") is None and born_time("ABC") is None
