@@ -25,7 +25,7 @@ from halfmq.protocol.errors import MessageFormatError
 
 from .admin import Admin
 from .admin_format import cell, message_row, render
-from .admin_messages import MessageTools, Range
+from .admin_messages import TOOLS_CONSUMER_GROUP, MessageTools, Range
 from .errors import ClientError
 from .remoting import Credentials
 
@@ -111,7 +111,7 @@ async def send_message(admin, tools, args):
 
 async def consume_message(admin, tools, args):
     rng = Range(args.broker_name, args.queue_id, args.offset, args.begin, args.end)
-    return [message_row(m) async for m in tools.read(args.topic, rng, args.count)]
+    return [message_row(m) async for m in tools.read(args.topic, rng, args.count, args.group)]
 
 
 async def print_msg(admin, tools, args):
@@ -173,7 +173,8 @@ def _call(method: str, *names: str):
 
 # --- options ------------------------------------------------------------------------------------------------
 # name → (argparse flags, keywords); commands list the names they take (and "queues": updateTopic's -r -w -p).
-# mqadmin's letters throughout; a trailing ! marks the required form, ? the optional one.
+# mqadmin's letters throughout; a trailing ! marks the required form, ? the optional one; one letter can mean
+# different things in different commands, as in mqadmin (-b: a broker name, printMsg's begin time).
 OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "topic": (("-t", "--topic"), {"required": True, "help": "topic name"}),
     "topic?": (("-t", "--topic"), {"help": "topic name (default: every topic)"}),
@@ -195,8 +196,8 @@ OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "offset": (("-o", "--offset"), {"type": non_negative, "help": "first queue offset to read (default: the "
                                                                    "queue's first, or -s)"}),
     "offset!": (("-o", "--offset"), {"type": non_negative, "required": True, "help": "queue offset"}),
-    "consume_group": (("-g", "--group"), {"help": "consumer group the reads are made as (no offset is stored; "
-                                                  "default: TOOLS_CONSUMER)"}),
+    "consume_group": (("-g", "--group"), {"default": TOOLS_CONSUMER_GROUP,
+                                          "help": "consumer group the reads are made as (no offset is stored)"}),
     "begin": (("-s", "--begin"), {"type": time_arg, "help": "first store time: epoch ms or "
                                                             "yyyy-MM-dd#HH:mm:ss:SSS (default: the start)"}),
     "begin_b": (("-b", "--begin"), {"type": time_arg, "help": "first store time: epoch ms or "
@@ -308,15 +309,7 @@ def parser() -> argparse.ArgumentParser:
                 flags |= {"-r", "-w", "-p"}
                 continue
             option_flags, kw = OPTIONS[option]
-            dest = option.rstrip("!?").removesuffix("_b")
-            if option in ("producer_group", "consume_group"):
-                dest = "group"
-            elif option in ("unique_key", "offset_id"):
-                dest = "id"
-            kw = {**kw, "dest": dest}
-            if not kw.get("required") and "default" not in kw and kw.get("action") != "store_true":
-                kw["default"] = None
-            c.add_argument(*option_flags, **kw)
+            c.add_argument(*option_flags, **kw)  # dest: the long flag's name (--broker-name: broker_name)
             flags.add(option_flags[0])
         _common(c, suppress=True, skip=flags)
     return p

@@ -8,6 +8,8 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from halfmq.protocol.codes import ResponseCode
+
 from .admin import Admin
 from .consumer import PullConsumer, PullStatus
 from .errors import BrokerError, ClientError
@@ -75,7 +77,7 @@ class MessageTools:
 
     async def queues(self, topic: str, broker_name: str | None = None, queue_id: int | None = None
                      ) -> list[MessageQueue]:
-        queues = await (await self.consumer()).fetch_subscribe_queues(topic)
+        queues = await (self._consumer or await self.consumer()).fetch_subscribe_queues(topic)
         chosen = [q for q in queues if (broker_name is None or q.broker_name == broker_name)
                   and (queue_id is None or q.queue_id == queue_id)]
         if not chosen:
@@ -100,9 +102,11 @@ class MessageTools:
         return await producer.send(Message(topic, body, tags=tags, keys=keys), queue)
 
     # --- consumeMessage, printMsg ---
-    async def read(self, topic: str, rng: Range, limit: int | None = None) -> AsyncIterator[MessageExt]:
-        """Messages of the queues ``rng`` selects, queue by queue, in offset order; at most ``limit``."""
-        consumer = await self.consumer()
+    async def read(self, topic: str, rng: Range, limit: int | None = None, group: str = TOOLS_CONSUMER_GROUP
+                   ) -> AsyncIterator[MessageExt]:
+        """Messages of the queues ``rng`` selects, queue by queue, in offset order; at most ``limit``. Pulled as
+        ``group`` (access control checks it), storing no offset."""
+        consumer = await self.consumer(group)
         count = 0
         for queue in await self.queues(topic, rng.broker_name, rng.queue_id):
             start, end = await self._bounds(consumer, queue, rng)
@@ -179,7 +183,7 @@ class MessageTools:
             try:
                 online = (await self.admin.consumer_connections(group))["connectionSet"]
             except BrokerError as exc:
-                if exc.code != 206:  # CONSUMER_NOT_ONLINE: nothing will overwrite the reset
+                if exc.code != ResponseCode.CONSUMER_NOT_ONLINE:  # then nothing will overwrite the reset
                     raise
                 online = []
             if online:

@@ -167,7 +167,8 @@ async def test_new_admin_requests_need_an_admin_account(broker_factory, tmp_path
 
     acl = tmp_path / "plain_acl.yml"
     acl.write_text("accounts:\n  - accessKey: app\n    secretKey: app-secret\n    defaultTopicPerm: PUB|SUB\n"
-                   "    defaultGroupPerm: PUB|SUB\n  - accessKey: admin\n    secretKey: admin-secret\n    admin: true\n")
+                   "    defaultGroupPerm: DENY\n    groupPerms:\n      - CG_APP=SUB\n      - PID_SMSC=PUB\n"
+                   "  - accessKey: admin\n    secretKey: admin-secret\n    admin: true\n")
     broker = await broker_factory(aclEnable=True, aclConfigFile=str(acl))
     requests = ((RequestCode.GET_BROKER_CONFIG, {}, b""),
                 (RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, {}, b'{"groupName": "G"}'),
@@ -181,6 +182,15 @@ async def test_new_admin_requests_need_an_admin_account(broker_factory, tmp_path
                 assert r.code == expected, (creds.access_key, code, r.remark)
     finally:
         raw.close()
+    # The message commands make a client's requests, signed, as the groups they name.
+    app = ("-n", broker.namesrv_addr, "--access-key", "app", "--secret-key", "app-secret")
+    code, _out, err = await halfmq("admin", *app, "sendMessage", "-t", "AclT", "-p", "x")
+    assert code == 0, err
+    (as_group, as_tools) = await asyncio.gather(
+        halfmq("admin", *app, "--json", "consumeMessage", "-t", "AclT", "-g", "CG_APP"),
+        halfmq("admin", *app, "consumeMessage", "-t", "AclT"))
+    assert as_group[0] == 0 and [m["body"] for m in json.loads(as_group[1])] == ["x"], as_group[2]
+    assert as_tools[0] == 1 and "NO_PERMISSION" in as_tools[2] and "TOOLS_CONSUMER" in as_tools[2]
 
 
 def test_times_and_message_id_dates():
