@@ -1,10 +1,18 @@
-# halfmq broker image: docker build -t halfmq . && docker run -p 9876:9876 -p 10911:10911 -p 5557:5557 halfmq
-FROM python:3.11-slim
+# halfmq broker image: docker build -t halfmq . (README.md's Docker section shows how to run it; tests/test_docker.py
+# runs those commands)
+# BASE_IMAGE: any Debian-like image with python3 (>= 3.11, with venv) and useradd; tests/test_docker.py builds on
+# one it makes with debootstrap (scripts/make_base_image.sh), as no image registry is reachable there.
+ARG BASE_IMAGE=python:3.11-slim
+FROM ${BASE_IMAGE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     PATH=/opt/halfmq/.venv/bin:$PATH \
     HALFMQ_storePathRootDir=/var/lib/halfmq \
     HALFMQ_aclConfigFile=/etc/halfmq/plain_acl.yml
+# tini is PID 1: it hands docker stop's SIGTERM to the broker and reaps. The broker itself must not be PID 1: its
+# store writer process takes a parent of PID 1 for an orphan's (its broker died) and exits, so the broker as PID 1
+# could not open its store.
+RUN apt-get update && apt-get install -y --no-install-recommends tini && rm -rf /var/lib/apt/lists/*
 WORKDIR /opt/halfmq
 COPY pyproject.toml README.md ./
 COPY broker broker
@@ -22,7 +30,8 @@ RUN bash scripts/bootstrap.sh \
 USER halfmq
 VOLUME ["/var/lib/halfmq", "/etc/halfmq"]
 EXPOSE 9876 10911 5557
-# Healthy when the broker answers on its port (it listens only once the store is open and services run).
+# Healthy when the broker answers on its port (it listens only once the store is open and services run): the
+# listenPort the running broker was given, by broker.conf, HALFMQ_listenPort or a flag (broker/health.py).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
-    CMD python -c "import socket; socket.create_connection(('127.0.0.1', 10911), 2).close()"
-ENTRYPOINT ["halfmq", "broker", "-c", "/etc/halfmq/broker.conf"]
+    CMD ["python", "-m", "halfmq.broker.health"]
+ENTRYPOINT ["tini", "--", "halfmq", "broker", "-c", "/etc/halfmq/broker.conf"]

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs Debian's Docker engine (docker.io: dockerd, containerd, runc, docker-proxy) and debootstrap for
+# tests/test_docker.py, which starts a private dockerd and makes its base image with debootstrap (no image
+# registry is reachable from CI). Idempotent: does nothing when both are there. Starts no daemon.
+set -euo pipefail
+have_docker() {
+    command -v dockerd >/dev/null 2>&1 && command -v docker-proxy >/dev/null 2>&1 \
+        && command -v docker >/dev/null 2>&1 && command -v debootstrap >/dev/null 2>&1
+}
+if have_docker; then
+    exit 0
+fi
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+    sudo="sudo"
+fi
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends docker.io debootstrap >/dev/null
+have_docker || { echo "docker.io and debootstrap are installed but dockerd, docker-proxy or debootstrap is missing" >&2; exit 1; }
+echo "Docker engine and debootstrap installed"

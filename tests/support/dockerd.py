@@ -1,0 +1,108 @@
+"""A private Docker daemon for one test: everything it makes lives in one temp folder and on one bridge that it
+creates, so it meets no other Docker on the machine and leaves nothing behind.
+
+- Its own data root, exec root, pid file and socket in the folder; ``vfs`` storage (no overlay mounts needed).
+- Its own bridge (BRIDGE, created here and deleted at the end), and no iptables rules, NAT or ip_forward changes:
+  the host reaches containers through published ports, which docker-proxy serves; an image build that needs the
+  network (pip, apt) runs with ``--network host``.
+- Started and stopped by its PID (SIGTERM, then SIGKILL after a timeout); ready when its log says the API
+  listens. What it mounted under the folder (a network namespace) is unmounted before the folder is deleted.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+BRIDGE = "halfmq-dk0"
+BRIDGE_ADDRESS = "10.213.77.1/24"
+
+
+class DockerdFailed(RuntimeError):
+    pass
+
+
+def missing_tools() -> list[str]:
+    """What the daemon and the base image need that is not installed (scripts/install_docker.sh installs it)."""
+    return [tool for tool in ("dockerd", "docker", "docker-proxy", "debootstrap", "ip") if not shutil.which(tool)]
+
+
+class Dockerd:
+    def __init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="halfmq-docker-"))  # short: unix socket paths are limited
+        self.socket = self.root / "docker.sock"
+        self.env = {**os.environ, "DOCKER_HOST": f"unix://{self.socket}"}
+        self.proc: subprocess.Popen | None = None
+        self.lines: collections.deque[str] = collections.deque(maxlen=100)
+        self._listening = threading.Event()
+        self._bridge_made = False
+
+    def start(self, timeout: float = 60.0) -> "Dockerd":
+        self._make_bridge()
+        self.proc = subprocess.Popen(
+            ["dockerd", "--data-root", str(self.root / "data"), "--exec-root", str(self.root / "exec"),
+             "--pidfile", str(self.root / "dockerd.pid"), "-H", f"unix://{self.socket}", "--storage-driver", "vfs",
+             "--bridge", BRIDGE, "--iptables=false", "--ip6tables=false", "--ip-masq=false", "--ip-forward=false"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+        threading.Thread(target=self._read_log, daemon=True).start()
+        if not self._listening.wait(timeout):
+            raise DockerdFailed(f"dockerd did not listen within {timeout} s:\n{self.log()}")
+        if self.proc.poll() is not None:
+            raise DockerdFailed(f"dockerd exited with status {self.proc.returncode}:\n{self.log()}")
+        return self
+
+    def _make_bridge(self) -> None:
+        if subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True).returncode == 0:
+            raise DockerdFailed(f"bridge {BRIDGE} exists: another test's daemon is running, or one was killed "
+                                f"(remove it with: ip link delete {BRIDGE})")
+        for command in (["ip", "link", "add", BRIDGE, "type", "bridge"],
+                        ["ip", "addr", "add", BRIDGE_ADDRESS, "dev", BRIDGE],
+                        ["ip", "link", "set", BRIDGE, "up"]):
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode:
+                raise DockerdFailed(f"{' '.join(command)}: {done.stderr.strip()}")
+            self._bridge_made = True
+
+    def _read_log(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip())
+            if "API listen on" in line:
+                self._listening.set()
+        self._listening.set()  # it exited: start() reports that rather than wait out its timeout
+
+    def log(self) -> str:
+        return "\n".join(self.lines)
+
+    def docker(self, *args: str, timeout: float = 120.0, check: bool = True) -> subprocess.CompletedProcess:
+        """Run the docker client against this daemon; raises DockerdFailed with its output when it fails."""
+        done = subprocess.run(["docker", *args], env=self.env, capture_output=True, text=True, timeout=timeout)
+        if check and done.returncode:
+            raise DockerdFailed(f"docker {' '.join(args)} exited with {done.returncode}:\n{done.stdout}{done.stderr}")
+        return done
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the daemon by its PID, then delete its folder (images, containers, volumes) and its bridge."""
+        try:
+            if self.proc is not None and self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+                try:
+                    self.proc.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+        finally:
+            self._unmount_leftovers()
+            shutil.rmtree(self.root, ignore_errors=True)
+            if self._bridge_made:
+                subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True)
+
+    def _unmount_leftovers(self) -> None:
+        """dockerd leaves its default network namespace mounted under the exec root; rmtree must not go into it."""
+        mounts = subprocess.run(["findmnt", "-rn", "-o", "TARGET"], capture_output=True, text=True).stdout.split()
+        for target in sorted((m for m in mounts if m.startswith(f"{self.root}/")), reverse=True):
+            subprocess.run(["umount", "-l", target], capture_output=True)

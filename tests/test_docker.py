@@ -1,0 +1,196 @@
+"""The Docker image, built and run as README.md's "Docker" section says, under a private dockerd.
+
+Every ``docker`` command of that section's bash blocks runs, in order, with the changes this machine needs:
+
+- ``docker build`` gets ``--network host`` (pip and apt reach their registries through the host's network; the
+  test's daemon sets up no NAT) and ``--build-arg BASE_IMAGE=`` an image that scripts/make_base_image.sh makes
+  with debootstrap (no image registry is reachable here);
+- each of the README's port numbers becomes a free port, the same one everywhere it appears (in ``-p`` and in the
+  HALFMQ_ variables alike, as the README tells users to change them), and ports are published on 127.0.0.1 only.
+  So the broker runs with a listenPort other than 10911, which the health check must follow.
+
+``docker inspect ... Health.Status`` must print ``healthy``: the test first waits for docker's health event. Then
+a message is sent and consumed from the host with halfmq's Python client, through the published ports, before
+the section's remaining commands (``docker exec ... admin``, ``docker stop``) run; the stopped broker must have
+exited with status 0. The daemon, and with it every image, container and volume, is removed at the end.
+
+Takes about 3 minutes from a cold start (debootstrap ~50 s, image build ~80 s with vfs storage), on the 2-core
+CI machine; scripts/install_docker.sh installs docker.io and debootstrap.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import re
+import shlex
+import socket
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from halfmq.broker import health
+from halfmq.client import Message, Producer, PullConsumer
+
+from tests.support.broker_process import BrokerProcess
+from tests.support.dockerd import Dockerd, missing_tools
+
+REPO = Path(__file__).resolve().parents[1]
+SECTION = "Docker"
+BASE_IMAGE = "halfmq-test-base:bookworm"
+#: The port numbers the README's docker commands use; each becomes a free port.
+README_PORTS = ("9876", "10911", "5557")
+HEALTH_TIMEOUT = 90
+
+
+def section_commands(readme: str, heading: str) -> list[list[str]]:
+    """The ``docker`` commands of the bash blocks under ``## heading`` (up to the next ``## ``), as argv lists."""
+    match = re.search(rf"^## {re.escape(heading)}\n(.*?)(?=^## |\Z)", readme, re.M | re.S)
+    assert match, f"README.md has no '## {heading}' section"
+    commands = []
+    for block in re.findall(r"^```bash\n(.*?)^```", match.group(1), re.M | re.S):
+        for line in re.sub(r"\\\n\s*", "", block).splitlines():
+            argv = shlex.split(line, comments=True)
+            if argv:
+                assert argv[0] == "docker", f"the {heading} section's blocks hold only docker commands: {line!r}"
+                commands.append(argv)
+    return commands
+
+
+def free_ports(count: int) -> list[str]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [str(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def for_this_machine(argv: list[str], ports: dict[str, str]) -> list[str]:
+    """The README's command as this test runs it (see the module docstring)."""
+    argv = [re.sub(r"\b(\d+)\b", lambda m: ports.get(m.group(1), m.group(1)), arg) for arg in argv]
+    argv = [f"127.0.0.1:{arg}" if previous == "-p" else arg for previous, arg in zip([""] + argv, argv)]
+    if argv[1] == "build":
+        argv[2:2] = ["--network", "host", "--build-arg", f"BASE_IMAGE={BASE_IMAGE}"]
+    return argv
+
+
+class HealthEvents:
+    """``docker events`` for one container's health changes and death, read in a thread."""
+
+    def __init__(self, dockerd: Dockerd, container: str):
+        self.proc = subprocess.Popen(
+            ["docker", "events", "--filter", f"container={container}", "--filter", "event=health_status",
+             "--filter", "event=die", "--format", "{{.Status}}"],
+            env=dockerd.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.events: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=lambda: [self.events.put(line.strip()) for line in self.proc.stdout],
+                         daemon=True).start()
+
+    def wait_healthy(self, timeout: float) -> None:
+        while True:
+            try:
+                event = self.events.get(timeout=timeout)
+            except queue.Empty:
+                raise AssertionError(f"the container was not healthy within {timeout} s") from None
+            if event == "health_status: healthy":
+                return
+            assert event != "die", "the container exited before it was healthy"
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+async def send_and_consume(namesrv: str) -> None:
+    async with Producer("docker-test-producer", namesrv) as producer, \
+            PullConsumer("docker-test-consumer", namesrv) as consumer:
+        result = await producer.send(Message("DockerTopic", b"through the published ports"))
+        pulled = await consumer.pull(result.queue, 0)
+        assert [m.body for m in pulled.messages] == [b"through the published ports"]
+
+
+@pytest.mark.parametrize("cmdline, argv", [
+    (["tini", "--", "halfmq", "broker", "-c", "/etc/halfmq/broker.conf"], ["-c", "/etc/halfmq/broker.conf"]),
+    (["/opt/halfmq/.venv/bin/python3", "/opt/halfmq/.venv/bin/halfmq", "broker", "--listenPort=1"],
+     ["--listenPort=1"]),
+    (["python", "-m", "halfmq.broker.cli", "broker"], []),
+    (["halfmq", "admin", "brokerStatus"], None),
+    (["python", "-m", "halfmq.broker.health"], None),
+])
+def test_health_check_recognises_a_broker_command_line(cmdline, argv):
+    assert health.broker_argv(cmdline) == argv
+
+
+async def test_health_check_reads_the_running_brokers_own_configuration(tmp_path, monkeypatch):
+    """The image's health check follows the port the broker was given (here by a flag), reads the broker's
+    environment rather than its own, and finds a stopped broker unhealthy, naming the address it tried."""
+    port = int(free_ports(1)[0])
+    monkeypatch.setenv("HALFMQ_maxMessageSize", "1048576")
+    broker = await BrokerProcess(tmp_path / "store", f"--listenPort={port}").start()
+    monkeypatch.delenv("HALFMQ_maxMessageSize")
+    try:
+        process = Path(f"/proc/{broker.proc.pid}")
+        cmdline = [arg.decode() for arg in (process / "cmdline").read_bytes().split(b"\0") if arg]
+        config = health.broker_config(process, health.broker_argv(cmdline))
+        assert (config.listenPort, config.maxMessageSize) == (port, 1048576)
+        assert health.check(config) == f"127.0.0.1:{port}"
+    finally:
+        await broker.stop()
+    with pytest.raises(health.NotHealthy, match=re.escape(f"does not answer on 127.0.0.1:{port} (listenPort)")):
+        health.check(config)
+
+
+def option(commands: list[list[str]], command: str, name: str) -> str:
+    """The value of option ``name`` in the section's ``docker command``."""
+    argv = next(argv for argv in commands if argv[1] == command)
+    return argv[argv.index(name) + 1]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="dockerd and debootstrap need root")
+def test_readme_docker_section_builds_runs_and_serves_on_another_port():
+    missing = missing_tools()
+    assert not missing, f"missing {missing}: run scripts/install_docker.sh (scripts/test.sh does)"
+    readme_commands = section_commands((REPO / "README.md").read_text(), SECTION)
+    ports = dict(zip(README_PORTS, free_ports(len(README_PORTS))))
+    container, image = option(readme_commands, "run", "--name"), option(readme_commands, "build", "-t")
+    dockerd = Dockerd().start()
+    events = None
+    try:
+        made = subprocess.run(["bash", "scripts/make_base_image.sh", BASE_IMAGE], cwd=REPO, env=dockerd.env,
+                              capture_output=True, text=True, timeout=600)
+        assert made.returncode == 0, f"make_base_image.sh failed:\n{made.stdout}{made.stderr}"
+        events = HealthEvents(dockerd, container)
+        outputs, exchanged = [], False
+        for argv in readme_commands:
+            argv = for_this_machine(argv, ports)
+            if argv[1] == "inspect":
+                events.wait_healthy(HEALTH_TIMEOUT)
+            if argv[1] in ("exec", "stop") and not exchanged:
+                asyncio.run(send_and_consume(f"127.0.0.1:{ports['9876']}"))
+                exchanged = True
+            done = subprocess.run(argv, cwd=REPO, env=dockerd.env, capture_output=True, text=True, timeout=900)
+            assert done.returncode == 0, (f"{shlex.join(argv)} exited with {done.returncode}:\n"
+                                          f"{done.stdout[-3000:]}{done.stderr[-3000:]}\n"
+                                          f"{dockerd.docker('logs', container, check=False).stdout[-3000:]}")
+            outputs.append((argv, done.stdout))
+        assert exchanged, "the section never reached a command after start-up (exec or stop)"
+        health = next(out for argv, out in outputs if argv[1] == "inspect")
+        assert health.strip() == "healthy"
+        checks = dockerd.docker("inspect", "--format", "{{range .State.Health.Log}}{{.Output}}{{end}}", container)
+        assert f"healthy: the broker answers on 127.0.0.1:{ports['10911']}" in checks.stdout, checks.stdout
+        assert any("DockerTopic" in out for argv, out in outputs if argv[1] == "exec"), \
+            "no admin command of the section listed the topic the client used"
+        status = dockerd.docker("inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", container).stdout
+        assert status.split() == ["exited", "0"], f"docker stop: the broker ended as {status!r}"
+    finally:
+        if events is not None:
+            events.close()
+        for argv in (["rm", "--force", "--volumes", container], ["volume", "prune", "--force"],
+                     ["image", "rm", "--force", image, BASE_IMAGE]):
+            dockerd.docker(*argv, check=False)
+        dockerd.stop()
