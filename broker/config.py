@@ -52,6 +52,9 @@ class BrokerConfig:
                                       meta={"min": 10})
     diskMaxUsedSpaceRatio: int = _doc("percent of the store's limit above which the oldest messages are deleted "
                                       "whatever their age", default=75, meta={"min": 10, "max": 95})
+    timerMaxDelaySec: int = _doc("furthest ahead a timer message (TIMER_DELIVER_MS, TIMER_DELAY_SEC, TIMER_DELAY_MS, "
+                                 "__STARTDELIVERTIME) may be delivered, s; later ones are refused (code 13)",
+                                 default=259_200, meta={"min": 1})
     diskSpaceWarningLevelRatio: int = _doc("percent of the store's limit above which sends are refused (code 14) "
                                            "until retention brings it below; reads go on", default=90,
                                            meta={"min": 10, "max": 99})

@@ -28,6 +28,7 @@ class BrokerContext:
     store_host: str = "127.0.0.1:10911"
     broker_addr: str = "127.0.0.1:10911"
     schedule: object = None
+    timers: object = None
     transactions: object = None
     check_back: object = None
     retention: object = None

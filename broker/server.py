@@ -34,6 +34,7 @@ from .services.periodic import PeriodicTask
 from .services.check_back import CheckBackService
 from .services.retention import RetentionService
 from .services.schedule import ScheduleService
+from .services.timers import TimerService
 from .services.transaction import TransactionStates
 from .topics import TopicManager
 from .transport import BrokerProtocol, ConnectionLimits, ConnectionSet
@@ -115,6 +116,7 @@ class Broker:
         offsets.load()
         ctx = self.ctx = BrokerContext(cfg, self.store, topics, offsets)
         ctx.schedule = ScheduleService(ctx)
+        ctx.timers = TimerService(ctx)
         ctx.metrics = BrokerMetrics(ctx)
         ctx.metrics.load_pending()
         self.dispatcher.request_observer = ctx.metrics.request_done
@@ -149,6 +151,7 @@ class Broker:
         self.store.add_arrival_listener(ctx.long_poll.on_arrival)
         self.store.add_arrival_listener(ctx.schedule.on_arrival)
         ctx.schedule.start()
+        ctx.timers.start()
         ctx.check_back.start()
         ctx.retention.start()
 
@@ -252,6 +255,8 @@ class Broker:
                     await self.ctx.check_back.stop()
                 if self.ctx.schedule is not None:
                     await self.ctx.schedule.stop()
+                if self.ctx.timers is not None:
+                    await self.ctx.timers.stop()
                 if self.ctx.retention is not None:
                     await self.ctx.retention.stop()
                 for task in self.periodic:

@@ -33,12 +33,13 @@ HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
 OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
 CHECK_MAX_TIME_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+TIMER_TOPIC = "rmq_sys_wheel_timer"  #: RocketMQ 5's: timer messages wait here for their delivery time
 SELF_TEST_TOPIC = "SELF_TEST_TOPIC"
 OFFSET_MOVED_EVENT = "OFFSET_MOVED_EVENT"
 
 #: Topics producers may not send to (reference §3.1 step 3).
 SEND_FORBIDDEN = frozenset({SCHEDULE_TOPIC, HALF_TOPIC, OP_HALF_TOPIC, CHECK_MAX_TIME_TOPIC, SELF_TEST_TOPIC,
-                            OFFSET_MOVED_EVENT})
+                            OFFSET_MOVED_EVENT, TIMER_TOPIC})
 SYSTEM_TOPICS = SEND_FORBIDDEN | {DEFAULT_TOPIC}
 
 
@@ -84,6 +85,7 @@ class TopicManager:
             OP_HALF_TOPIC: TopicConfig(OP_HALF_TOPIC, 1, 1),
             CHECK_MAX_TIME_TOPIC: TopicConfig(CHECK_MAX_TIME_TOPIC, 1, 1),
             SCHEDULE_TOPIC: TopicConfig(SCHEDULE_TOPIC, delay_levels, delay_levels),
+            TIMER_TOPIC: TopicConfig(TIMER_TOPIC, 1, 1),
             SELF_TEST_TOPIC: TopicConfig(SELF_TEST_TOPIC, 1, 1),
             OFFSET_MOVED_EVENT: TopicConfig(OFFSET_MOVED_EVENT, 1, 1),
         }

@@ -21,6 +21,8 @@ class Message:
         keys: business keys, space separated.
         properties: user properties (names must not be reserved keys).
         delay_level: 1..18 to deliver after that level's delay; 0 = now.
+        deliver_time_ms: deliver at this time (epoch ms; RocketMQ 5's timer message, TIMER_DELIVER_MS), at most
+            the broker's timerMaxDelaySec ahead; None = now.
         flag: user flag stored with the message.
         check_immunity_seconds: transactional messages only: no check-back before this many seconds.
     """
@@ -33,6 +35,7 @@ class Message:
     delay_level: int = 0
     flag: int = 0
     check_immunity_seconds: int | None = None
+    deliver_time_ms: int | None = None
 
     def __post_init__(self):
         if isinstance(self.body, str):
@@ -49,6 +52,8 @@ class Message:
             props[P.KEYS] = self.keys
         if self.delay_level:
             props[P.DELAY] = str(self.delay_level)
+        if self.deliver_time_ms is not None:
+            props[P.TIMER_DELIVER_MS] = str(self.deliver_time_ms)
         if self.check_immunity_seconds is not None:
             props[P.CHECK_IMMUNITY_TIME_IN_SECONDS] = str(self.check_immunity_seconds)
         props[P.UNIQ_KEY] = uniq_key

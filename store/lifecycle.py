@@ -7,7 +7,8 @@ broker's RetentionService submits slice after slice.
 What retention never deletes:
 - the record of a half message still PREPARED (its check and its commit read it), and of a DISCARDED one until
   ``keep_discarded_ms`` after the discard (a resume needs it);
-- a delayed message its level has not delivered yet (at or past the level's progress in the meta table).
+- a delayed message its level has not delivered yet (at or past the level's progress in the meta table), and a
+  timer message not delivered yet (its entry in the timers table).
 A queue with such a record keeps its consume-queue entries from that record on: queues never get holes (readers
 count offsets), and the entries left behind are removed with the next record of the queue that goes.
 
@@ -22,11 +23,11 @@ import msgpack
 
 from halfmq.protocol.errors import MessageFormatError
 from halfmq.protocol.message import record_place
-from halfmq.protocol.properties import KEYS, decode_properties
+from halfmq.protocol.properties import KEYS, TIMER_OUT_MS, decode_properties
 
 from .context import WriteContext, key_index_key
 from .halfs import HalfState, HalfStatus
-from .keys import CQ_VALUE, QUEUE_KEY, QUEUE_PREFIX, U64, parse_offset_key
+from .keys import CQ_VALUE, DUE_KEY, QUEUE_KEY, QUEUE_PREFIX, U64, parse_offset_key
 from .ops import Op
 
 #: meta key: topics deleted whose records and queue entries are still being removed, [[tid, name, end], ...]
@@ -54,6 +55,7 @@ class Protected:
 
     half_topic: str
     schedule_topic: str
+    timer_topic: str
     keep_discarded_ms: int
 
 
@@ -136,6 +138,12 @@ class Expire(Op):
         if place.topic == protected.schedule_topic:
             raw = wctx.txn.get(schedule_progress_key(place.queue_id + 1).encode(), db=wctx.dbs["meta"])
             return place.queue_offset >= (msgpack.unpackb(raw) if raw is not None else 0)
+        if place.topic == protected.timer_topic:  # kept while its index entry says it is not delivered
+            try:
+                due = int(decode_properties(place.properties_text).get(TIMER_OUT_MS, ""))
+            except ValueError:
+                return False
+            return wctx.txn.get(DUE_KEY.pack(due, physical), db=wctx.dbs["timers"]) is not None
         return False
 
     def _forget(self, wctx: WriteContext, physical: int, place, keeps_entries: bool, mins: dict) -> None:

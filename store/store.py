@@ -32,6 +32,7 @@ from .keys import CQ_VALUE, DUE_KEY, QUEUE_KEY, U64, offset_key, parse_offset_ke
 from .lifecycle import log_end
 from .link import WriterLink
 from .ops import Op, PutMessage, PutMessages
+from .timers import PutTimed
 from .txops import PrepareHalf
 from .owner import StoreOwner
 from .writer import DBS, open_env
@@ -39,7 +40,7 @@ from .writer import DBS, open_env
 log = logging.getLogger(__name__)
 MIN_SCAN = 800
 #: ops that store new messages: refused while the store is above its hard use ratio (decisions still go through)
-ADDS_MESSAGES = (PutMessage, PutMessages, PrepareHalf)
+ADDS_MESSAGES = (PutMessage, PutMessages, PrepareHalf, PutTimed)
 START_CHECK_RECORDS = 64  #: newest records whose CRC is checked at start
 
 
@@ -469,18 +470,32 @@ class MessageStore:
         return out
 
     def due_halves(self, until_ms: int, limit: int) -> list[tuple[int, int]]:
+        """(due ms, half offset) of the halves whose check is due by ``until_ms``, soonest first."""
+        return self._due("due", until_ms, limit)
+
+    def next_due(self) -> tuple[int, int] | None:
+        return self._next("due")
+
+    def due_timers(self, until_ms: int, limit: int) -> list[tuple[int, int]]:
+        """(deliver ms, record offset) of the timer messages due by ``until_ms``, soonest first."""
+        return self._due("timers", until_ms, limit)
+
+    def next_timer(self) -> tuple[int, int] | None:
+        return self._next("timers")
+
+    def _due(self, table: str, until_ms: int, limit: int) -> list[tuple[int, int]]:
         out = []
         with self.env.begin() as txn:
-            for key in txn.cursor(db=self.dbs["due"]).iternext(keys=True, values=False):
+            for key in txn.cursor(db=self.dbs[table]).iternext(keys=True, values=False):
                 due, offset = DUE_KEY.unpack(key)
                 if due > until_ms or len(out) >= limit:
                     break
                 out.append((due, offset))
         return out
 
-    def next_due(self) -> tuple[int, int] | None:
+    def _next(self, table: str) -> tuple[int, int] | None:
         with self.env.begin() as txn:
-            cur = txn.cursor(db=self.dbs["due"])
+            cur = txn.cursor(db=self.dbs[table])
             return DUE_KEY.unpack(cur.key()) if cur.first() else None
 
     def pending_halves_count(self) -> int:

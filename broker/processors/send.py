@@ -15,13 +15,16 @@ from halfmq.protocol.headers import (ConsumerSendMsgBackRequestHeader, SendMessa
                                      SendMessageRequestHeaderV2)
 from halfmq.protocol.message import MessageRecord, create_offset_msg_id, decode_batch, decode_record
 from halfmq.protocol.properties import decode_properties
-from halfmq.store import PutRequest, message_request
+from halfmq.store import message_request
+from halfmq.store.completion import Completion
 from halfmq.store.ops import PutMessage, PutMessages
+from halfmq.store.timers import PutTimed
 
 from ..context import BrokerContext
 from ..dispatch import Deferred
 from ..errors import BrokerError
 from ..names import check_group, check_message
+from ..services.timers import TIMER_KEYS
 from ..topics import DLQ_PREFIX, RETRY_PREFIX, SCHEDULE_TOPIC, SEND_FORBIDDEN, SYSTEM_TOPICS, validate_topic_name
 
 DEFAULT_MAX_RECONSUME_TIMES = 16
@@ -119,7 +122,7 @@ class SendProcessor:
                 raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "a transaction message cannot have a delay level")
             completion = ctx.transactions.prepare(rec, header.producerGroup, channel)
             return Deferred(completion, lambda value: self._half_response(cmd, queue_id, value[0], value[1].uniq))
-        request = self.delayed_or_plain(rec)
+        completion = self.submit_message(rec)
         size = len(cmd.body)
 
         def finish(result) -> RemotingCommand:
@@ -129,7 +132,7 @@ class SendProcessor:
                 "msgId": create_offset_msg_id(ctx.store_host, result.physical_offset),
                 "queueId": str(queue_id), "queueOffset": str(result.queue_offset), **_EXTRA})
 
-        return Deferred(ctx.store.submit(PutMessage(request)), finish)
+        return Deferred(completion, finish)
 
     def _half_response(self, cmd: RemotingCommand, queue_id: int, result, transaction_id: str) -> RemotingCommand:
         ctx = self.ctx
@@ -138,19 +141,39 @@ class SendProcessor:
             "queueId": str(queue_id), "queueOffset": str(result.queue_offset),
             "transactionId": transaction_id, **_EXTRA})
 
-    def delayed_or_plain(self, rec: MessageRecord) -> PutRequest:
-        """The PutRequest storing ``rec``: to the schedule topic when it has a delay level (reference §6.4)."""
+    def submit_message(self, rec: MessageRecord) -> Completion:
+        """Store ``rec`` (see store_op); a timer message also tells the timer service when it is due."""
+        op = self.store_op(rec)
+        completion = self.ctx.store.submit(op)
+        if isinstance(op, PutTimed):
+            completion.add_done_callback(lambda c: self.ctx.timers.stored(op.due_ms) if c.exception() is None
+                                         else None)
+        return completion
+
+    def store_op(self, rec: MessageRecord) -> PutMessage | PutTimed:
+        """The write storing ``rec``: to the schedule topic when it has a delay level (reference §6.4), to the timer
+        topic when it has a delivery time ahead (RocketMQ 5's timer properties; a delay level wins over them, as in
+        the reference), else to its topic.
+
+        Raises:
+            BrokerError: MESSAGE_ILLEGAL for a malformed delivery time or one beyond timerMaxDelaySec.
+        """
         props = rec.properties
         level = _delay_level(props)
         tx_type = rec.sys_flag & SysFlag.TRANSACTION_MASK
-        if level > 0 and tx_type in (SysFlag.TRANSACTION_NOT_TYPE, SysFlag.TRANSACTION_COMMIT_TYPE):
+        plain = tx_type in (SysFlag.TRANSACTION_NOT_TYPE, SysFlag.TRANSACTION_COMMIT_TYPE)
+        if level > 0 and plain:
             level = min(level, self.ctx.schedule.max_level)
+            for key in TIMER_KEYS:
+                props.pop(key, None)
             props[P.DELAY] = str(level)
             props[P.REAL_TOPIC] = rec.topic
             props[P.REAL_QID] = str(rec.queue_id)
             rec.topic = SCHEDULE_TOPIC
             rec.queue_id = level - 1
-        return message_request(rec, index=tx_type in (SysFlag.TRANSACTION_NOT_TYPE, SysFlag.TRANSACTION_COMMIT_TYPE))
+        elif plain and (due := self.ctx.timers.deliver_at(props)) is not None:
+            return PutTimed(self.ctx.timers.timed_request(rec, due), due)
+        return PutMessage(message_request(rec, index=plain))
 
     async def _send_batch(self, channel, cmd: RemotingCommand, header) -> RemotingCommand:
         """A batch is bounded whole: its body by maxMessageSize (as the reference does), its messages by
@@ -183,9 +206,9 @@ class SendProcessor:
             if index and not index % step:
                 await asyncio.sleep(0)  # let other connections' requests run between slices
             props = decode_properties(item.properties)
-            if props.get(P.TRAN_MSG) == "true" or _delay_level(props) > 0:
+            if props.get(P.TRAN_MSG) == "true" or _delay_level(props) > 0 or any(k in props for k in TIMER_KEYS):
                 raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
-                                  "transactional or delayed messages cannot be sent in a batch")
+                                  "transactional, delayed or timer messages cannot be sent in a batch")
             props.pop(P.WAIT, None)
             for key, value in outer.items():  # batch-level properties never override a message's own
                 props.setdefault(key, value)
@@ -240,7 +263,7 @@ class SendProcessor:
                             flag=rec.flag, sys_flag=rec.sys_flag & ~SysFlag.TRANSACTION_MASK,
                             born_timestamp=rec.born_timestamp, born_host=rec.born_host, store_host=ctx.store_host,
                             reconsume_times=rec.reconsume_times + 1, properties=props)
-        await ctx.store.submit(PutMessage(self.delayed_or_plain(new)))
+        await self.submit_message(new)
         return cmd.response(ResponseCode.SUCCESS)
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from halfmq.store.lifecycle import Expire, Protected, PurgeTopics
 
-from ..topics import HALF_TOPIC, SCHEDULE_TOPIC
+from ..topics import HALF_TOPIC, SCHEDULE_TOPIC, TIMER_TOPIC
 
 log = logging.getLogger(__name__)
 #: records one slice deletes at most: a slice shares its write transaction with the sends grouped with it, so it
@@ -59,7 +59,7 @@ class RetentionService:
         self.max_used = cfg.diskMaxUsedSpaceRatio
         self.warning = cfg.diskSpaceWarningLevelRatio
         # A discarded half stays resumable for as long as a message is kept.
-        self.protected = Protected(HALF_TOPIC, SCHEDULE_TOPIC, self.reserved_ms)
+        self.protected = Protected(HALF_TOPIC, SCHEDULE_TOPIC, TIMER_TOPIC, self.reserved_ms)
         self.deleted_total = 0
         self.purged_total = 0
         self.last_pass: PassResult | None = None

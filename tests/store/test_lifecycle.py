@@ -14,8 +14,8 @@ from halfmq.store.txops import DecideHalf, DiscardHalf, PrepareHalf, ResumeHalf
 
 from tests.store.test_store import request
 
-HALF, SCHEDULE = "RMQ_SYS_TRANS_HALF_TOPIC", "SCHEDULE_TOPIC_XXXX"
-KEEP = Protected(HALF, SCHEDULE, keep_discarded_ms=3_600_000)
+HALF, SCHEDULE, TIMER = "RMQ_SYS_TRANS_HALF_TOPIC", "SCHEDULE_TOPIC_XXXX", "rmq_sys_wheel_timer"
+KEEP = Protected(HALF, SCHEDULE, TIMER, keep_discarded_ms=3_600_000)
 EVERYTHING = 1 << 62  # a cut after every record: only what must be kept stays
 
 
@@ -111,7 +111,7 @@ async def test_a_discarded_half_goes_once_its_keep_time_is_over(open_store):
     state = HalfState(HalfStatus.PREPARED, "PG", "Real", 0, "uniq", queue_offset=0, store_ts=0, due=0)
     result, _ = await store.submit(PrepareHalf(request(HALF, 0, b"half"), state, 0))
     await store.submit(DiscardHalf(result.physical_offset, 0, "TRANS_CHECK_MAX_TIME_TOPIC", "1.2.3.4:5"))
-    short = Protected(HALF, SCHEDULE, keep_discarded_ms=0)
+    short = Protected(HALF, SCHEDULE, TIMER, keep_discarded_ms=0)
     done = await store.submit(Expire(EVERYTHING, 0, 100, 0, short, frozenset()))
     assert done.deleted == 2 and store.get_half(result.physical_offset) is None
 
