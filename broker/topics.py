@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass
 
+from halfmq.protocol import properties as P
 from halfmq.protocol.codes import Perm, ResponseCode
 from halfmq.store.lifecycle import DeleteTopic
 from halfmq.store.ops import PutTopic
@@ -52,6 +53,8 @@ class TopicConfig:
     topic_filter_type: str = "SINGLE_TAG"
     topic_sys_flag: int = 0
     order: bool = False
+    #: RocketMQ 5's message.type attribute: NORMAL, FIFO, DELAY, TRANSACTION or MIXED; None (undeclared): any type
+    message_type: str | None = None
 
     @property
     def queue_nums(self) -> int:
@@ -64,6 +67,60 @@ class TopicConfig:
     @property
     def writable(self) -> bool:
         return bool(self.perm & Perm.WRITE)
+
+
+MESSAGE_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION", "MIXED")
+_DELAY_KEYS = (P.DELAY, P.TIMER_DELIVER_MS, P.TIMER_DELAY_SEC, P.TIMER_DELAY_MS, P.START_DELIVER_TIME)
+
+
+def message_type(props: dict[str, str]) -> str:
+    """A message's type as the reference reads it from its properties (first match wins)."""
+    if props.get(P.TRAN_MSG) == "true":
+        return "TRANSACTION"
+    if any(key in props for key in _DELAY_KEYS):
+        return "DELAY"
+    if P.SHARDING_KEY in props:
+        return "FIFO"
+    return "NORMAL"
+
+
+def check_message_type(config: TopicConfig | None, props: dict[str, str]) -> None:
+    """A topic that declares its message type takes only that type (the reference's check); an undeclared or
+    MIXED topic takes every type, so 4.x clients keep working unchanged.
+
+    Raises:
+        BrokerError: MESSAGE_ILLEGAL naming both types.
+    """
+    if config is None or config.message_type in (None, "MIXED"):
+        return
+    actual = message_type(props)
+    if actual != config.message_type:
+        raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, f"TopicMessageType validate failed, the expected type is "
+                          f"{config.message_type}, but actual type is {actual} (topic {config.name})")
+
+
+def apply_attributes(text: str | None, current: str | None) -> str | None:
+    """The message type after an updateTopic's attributes ("+message.type=FIFO", "-message.type"); RocketMQ's
+    other topic attributes are not supported here.
+
+    Raises:
+        BrokerError: SYSTEM_ERROR naming an unknown attribute or type.
+    """
+    kept = current
+    for item in filter(None, (part.strip() for part in (text or "").split(","))):
+        op, rest = item[0], item[1:]
+        key, _, value = rest.partition("=")
+        if op not in "+-" or key != "message.type":
+            raise BrokerError(ResponseCode.SYSTEM_ERROR, f"topic attribute {item!r} is not supported (only "
+                              f"+message.type=TYPE and -message.type)")
+        if op == "-":
+            kept = None
+        elif value not in MESSAGE_TYPES:
+            raise BrokerError(ResponseCode.SYSTEM_ERROR, f"message.type {value!r} is not one of "
+                              f"{', '.join(MESSAGE_TYPES)}")
+        else:
+            kept = value
+    return kept
 
 
 class TopicManager:

@@ -325,6 +325,7 @@ class CreateTopicRequestHeader(Header):
     topicFilterType: str = req(default="SINGLE_TAG")
     topicSysFlag: int | None = opt()
     order: bool = req(default=False)
+    attributes: str | None = opt()  #: RocketMQ 5: "+message.type=FIFO" adds or replaces, "-message.type" removes
 
 
 @dataclass(slots=True, kw_only=True)

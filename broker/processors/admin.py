@@ -15,7 +15,7 @@ from halfmq.protocol.message import decode_record
 from ..context import BrokerContext
 from ..errors import BrokerError
 from ..names import DLQ_PREFIX, RETRY_PREFIX, check_group, validate_topic_name
-from ..topics import HALF_TOPIC, SYSTEM_TOPICS, TopicConfig
+from ..topics import HALF_TOPIC, SYSTEM_TOPICS, TopicConfig, apply_attributes
 
 MAX_QUEUES = 1024
 #: RocketMQ's SubscriptionGroupConfig fields and defaults. halfmq keeps no per-group settings (a group is its
@@ -50,8 +50,10 @@ class AdminProcessor:
             raise BrokerError(ResponseCode.SYSTEM_ERROR, f"perm {h.perm} is not a permission mask")
         if h.topicFilterType not in ("SINGLE_TAG", "MULTI_TAG"):
             raise BrokerError(ResponseCode.SYSTEM_ERROR, f"topicFilterType {h.topicFilterType!r} is unknown")
+        current = self.ctx.topics.get(h.topic)
+        kind = apply_attributes(h.attributes, current.message_type if current is not None else None)
         await self.ctx.topics.put(TopicConfig(h.topic, h.readQueueNums, h.writeQueueNums, h.perm,
-                                              h.topicFilterType, h.topicSysFlag or 0, bool(h.order)))
+                                              h.topicFilterType, h.topicSysFlag or 0, bool(h.order), kind))
         return cmd.response(ResponseCode.SUCCESS)
 
     async def delete_topic(self, channel, cmd: RemotingCommand) -> RemotingCommand:
@@ -69,7 +71,8 @@ class AdminProcessor:
             table[name] = {"topicName": name, "readQueueNums": raw["read_queue_nums"],
                            "writeQueueNums": raw["write_queue_nums"], "perm": raw["perm"],
                            "topicFilterType": raw["topic_filter_type"], "topicSysFlag": raw["topic_sys_flag"],
-                           "order": raw["order"]}
+                           "order": raw["order"],
+                           "attributes": {"message.type": raw["message_type"]} if raw["message_type"] else {}}
         body = {"topicConfigTable": table, "dataVersion": {"timestamp": 0, "counter": 0}}
         return cmd.response(ResponseCode.SUCCESS, body=json.dumps(body).encode())
 

@@ -25,7 +25,8 @@ from ..dispatch import Deferred
 from ..errors import BrokerError
 from ..names import check_group, check_message
 from ..services.timers import TIMER_KEYS
-from ..topics import DLQ_PREFIX, RETRY_PREFIX, SCHEDULE_TOPIC, SEND_FORBIDDEN, SYSTEM_TOPICS, validate_topic_name
+from ..topics import (DLQ_PREFIX, RETRY_PREFIX, SCHEDULE_TOPIC, SEND_FORBIDDEN, SYSTEM_TOPICS, check_message_type,
+                      validate_topic_name)
 
 DEFAULT_MAX_RECONSUME_TIMES = 16
 _EXTRA = {"MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
@@ -108,6 +109,8 @@ class SendProcessor:
 
     def _store_one(self, channel, cmd: RemotingCommand, header, topic: str, queue_id: int, props: dict):
         ctx = self.ctx
+        if topic == header.topic:  # not a DLQ topic a retry turned into (the reference checks neither)
+            check_message_type(ctx.topics.get(topic), props)
         props.pop(P.WAIT, None)
         props[P.CLUSTER] = self.cluster
         rec = MessageRecord(topic=topic, body=cmd.body, queue_id=queue_id, flag=header.flag,
@@ -213,6 +216,7 @@ class SendProcessor:
             for key, value in outer.items():  # batch-level properties never override a message's own
                 props.setdefault(key, value)
             check_message(topic, props)
+            check_message_type(ctx.topics.get(topic), props)
             item_props.append(props)
         queue_id = await self._resolve_queue(header, topic)
         host = born_host(channel)
