@@ -25,7 +25,8 @@ TOOLS_CONSUMER_GROUP = "TOOLS_CONSUMER"
 UNIQUE_KEY_WINDOW_MS = 10 * 60 * 1000
 #: The most messages a unique-key search reads, over all queues it searches.
 UNIQUE_KEY_MAX_SCAN = 200_000
-PULL_BATCH = 32
+#: Messages per pull of a read (the broker's default most is 1024: maxTransferCountOnMessageInMemory).
+PULL_BATCH = 256
 DLQ_PREFIX = "%DLQ%"
 #: RocketMQ's system topics (its TopicValidator's), which the name server lists with the others: the half topic's
 #: records carry the unique keys of the transactions' messages, and none of these is what an operator counts.

@@ -60,6 +60,15 @@ async def test_tables_show_names_not_reprs_or_codes(broker):
         (route, conns) = await asyncio.gather(halfmq("admin", "-n", broker.namesrv_addr, "topicRoute", "-t", "CliT"),
                                               halfmq("admin", "-n", broker.namesrv_addr, "producerConnection",
                                                      "-g", "PG_CLI"))
+    consumer = PushConsumer("CG_CLI", broker.namesrv_addr, lambda msgs: ConsumeStatus.SUCCESS, ConsumeFrom.LAST_OFFSET)
+    consumer.subscribe("CliT", "a || b")
+    await consumer.start()
+    try:
+        code, consumers, err = await halfmq("admin", "-n", broker.namesrv_addr, "consumerConnection", "-g", "CG_CLI")
+    finally:
+        await consumer.close()
+    assert code == 0 and "PYTHON" in consumers and "V4_9_8" in consumers and "a || b" in consumers, err
+    assert "{" not in consumers and "CLUSTERING" in consumers, consumers
     assert route[0] == 0 and "{" not in route[1] and "'" not in route[1], route[1]
     assert "brokerName" in route[1] and "writeQueueNums" in route[1]
     assert conns[0] == 0 and "PYTHON" in conns[1] and "V4_9_8" in conns[1], conns[1]
