@@ -53,8 +53,9 @@ class Admin:
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
-    async def call(self, addr: str, code: int, ext: dict | None = None, body: bytes = b""):
-        """One request; raises the BrokerError of any answer but SUCCESS."""
+    async def call(self, addr: str, code: int, ext: dict | None = None, body: bytes = b"",
+                   timeout: float | None = None):
+        """One request (``timeout``: the Admin's unless given); raises the BrokerError of any answer but SUCCESS."""
         try:
             conn = await self.pool.get(addr)
         except ConnectionClosedError as exc:
@@ -62,7 +63,7 @@ class Admin:
                 raise
             # The first thing most commands do: say which option points there.
             raise ConnectionClosedError(f"cannot reach the name server (-n/--namesrv): {exc}") from None
-        resp = await conn.request(code, {k: str(v) for k, v in (ext or {}).items()}, body, self.timeout)
+        resp = await conn.request(code, {k: str(v) for k, v in (ext or {}).items()}, body, timeout or self.timeout)
         if resp.code != ResponseCode.SUCCESS:
             raise error_for(resp.code, resp.remark)
         return resp
@@ -120,9 +121,11 @@ class Admin:
                              "maxOffset": int(high)})
         return rows
 
-    async def update_topic(self, topic: str, read_queues: int = 8, write_queues: int = 8, perm: int = 6) -> None:
+    async def update_topic(self, topic: str, read_queues: int = 8, write_queues: int = 8, perm: int = 6,
+                           attributes: str | None = None) -> None:
+        """Create or change a topic; ``attributes`` as mqadmin's -a, e.g. "+message.type=FIFO"."""
         header = CreateTopicRequestHeader(topic=topic, readQueueNums=read_queues, writeQueueNums=write_queues,
-                                          perm=perm)
+                                          perm=perm, attributes=attributes)
         await self.call(await self.broker_addr(), RequestCode.UPDATE_AND_CREATE_TOPIC, header.to_ext())
 
     async def delete_topic(self, topic: str) -> None:
@@ -190,6 +193,12 @@ class Admin:
     # --- brokers ---
     async def broker_status(self) -> dict:
         return (await self.json_call(await self.broker_addr(), RequestCode.GET_BROKER_RUNTIME_INFO))["table"]
+
+    async def delete_expired_commit_log(self, timeout: float = 600.0) -> dict:
+        """Run a retention pass now (DELETE_EXPIRED_COMMITLOG): what it deleted and freed. A pass over millions of
+        messages takes a while: ``timeout`` is long."""
+        addr = await self.broker_addr()
+        return json.loads((await self.call(addr, RequestCode.DELETE_EXPIRED_COMMITLOG, timeout=timeout)).body)
 
     async def broker_config(self) -> dict[str, str]:
         """The broker's configuration in effect, key → value as text."""

@@ -79,7 +79,7 @@ async def topic_list(admin, tools, args):
 
 
 async def update_topic(admin, tools, args):
-    await admin.update_topic(args.topic, args.read_queues, args.write_queues, args.perm)
+    await admin.update_topic(args.topic, args.read_queues, args.write_queues, args.perm, args.attributes)
     return {"updated": args.topic}
 
 
@@ -250,6 +250,8 @@ COMMANDS: dict[str, tuple[Any, list[str], str]] = {
     "deleteSubGroup": (delete_sub_group, ["group"], "delete a subscription group (its retry and DLQ topics)"),
     "getBrokerConfig": (get_broker_config, [], "the broker's configuration"),
     "brokerStatus": (_call("broker_status"), [], "the broker's runtime figures"),
+    "deleteExpiredCommitLog": (_call("delete_expired_commit_log"), [],
+                               "run a retention pass now: delete expired messages (and over-ratio ones)"),
     "statsAll": (stats_all, ["topic?"], "per topic: messages held and each group's backlog"),
     "halfStatus": (half_status, ["limit", "page_size"],
                    "pending half messages, oldest check due first: age, checks, group, next check"),
@@ -306,7 +308,11 @@ def parser() -> argparse.ArgumentParser:
                 c.add_argument("-w", "--write-queues", type=non_negative, default=8, help="write queues")
                 c.add_argument("-p", "--perm", type=non_negative, default=6,
                                help="permission: 2 write, 4 read, 6 both")
-                flags |= {"-r", "-w", "-p"}
+                c.add_argument("-a", "--attributes", default=None,
+                               help="RocketMQ 5 topic attributes: +message.type=NORMAL|FIFO|DELAY|TRANSACTION|"
+                                    "MIXED declares the type the topic takes, -message.type removes it "
+                                    "(default: unchanged)")
+                flags |= {"-r", "-w", "-p", "-a"}
                 continue
             option_flags, kw = OPTIONS[option]
             c.add_argument(*option_flags, **kw)  # dest: the long flag's name (--broker-name: broker_name)

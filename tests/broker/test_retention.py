@@ -181,3 +181,15 @@ async def test_above_the_warning_level_sends_are_refused_reads_go_on_and_status_
         assert (await admin.broker_status())["storeRefusingWrites"] == "false"
         assert int((await admin.broker_status())["deletedTopicsPurgedMessages"]) == 256
         await producer.send(Message("Other", b"accepted again"))
+
+
+async def test_the_admin_cli_runs_a_retention_pass_and_declares_topic_types(broker_factory):
+    from tests.client.test_admin_cli import admin_json
+
+    broker = await broker_factory(**SHORT)
+    async with Producer("P", broker.namesrv_addr) as producer:
+        await send_all(producer, "Cli", [b"old"] * 3)
+    await outlive_retention(time.time())
+    assert (await admin_json(broker, "deleteExpiredCommitLog"))["deleted"] == 3
+    await admin_json(broker, "updateTopic", "-t", "Fifo", "-a", "+message.type=FIFO")
+    assert broker.ctx.topics.get("Fifo").message_type == "FIFO"
