@@ -1,7 +1,8 @@
 """Pull bodies (concatenated stored records, reference §4.4) straight into Arrow record batches.
 
-Per record, Python does one struct unpack and a few byte reads to find where the fields are; everything else
-(copying bodies, parsing properties, looking up tags, filtering) is done a column at a time by Arrow.
+Per record, Python does one struct unpack (the protocol's record layout, RECORD_HEADS) and a few byte reads to find
+where the fields are; everything else (copying bodies, parsing properties, looking up tags, filtering) is done a
+column at a time by Arrow.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import NamedTuple
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from halfmq.protocol.message import HOST_FLAGS, MAGIC_V2, RECORD_HEADS
 from halfmq.protocol.properties import decode_properties
 
 ARROW_SCHEMA = pa.schema([
@@ -23,13 +25,8 @@ ARROW_SCHEMA = pa.schema([
 _PROPERTIES = ARROW_SCHEMA.field("properties").type
 _TIMESTAMP_MS = pa.timestamp("ms", tz="UTC")
 
-#: A record's fields up to its body length; the born (0x10) and store (0x20) hosts are 8 bytes (IPv4 + port) or
-#: 20 (IPv6 + port) by sys flag. Unpacked: total size, magic, queue id, queue offset, physical offset, sys flag,
-#: born timestamp, store timestamp, store host, body length.
-_IPV6_HOSTS = 0x30
-_LAYOUTS = {flags: struct.Struct(f">iI4xi4xqqiq{20 if flags & 0x10 else 8}xq{20 if flags & 0x20 else 8}s12xi")
-            for flags in (0, 0x10, 0x20, 0x30)}
-_MAGIC_V2 = 0xDAA320AB  # the topic length takes two bytes instead of one
+#: The layout of records with IPv4 hosts, nearly all of them.
+_PLAIN = RECORD_HEADS[0]
 _I64 = struct.Struct(">q")
 
 
@@ -66,19 +63,19 @@ def _scan(buf: bytes) -> _Fields:
     fields = _Fields(*([] for _ in _Fields._fields))
     queue_ids, queue_offsets, borns, storeds, store_hosts, physicals, _ = (column.append for column in fields)
     bounds = fields.bounds.extend
-    plain = _LAYOUTS[0]
+    plain = _PLAIN
     pos, size = 0, len(buf)
     while pos < size:
         layout = plain
-        (total, magic, queue_id, queue_offset, physical, sys_flag, born, stored, store_host,
-         body_len) = plain.unpack_from(buf, pos)
-        if sys_flag & _IPV6_HOSTS:
-            layout = _LAYOUTS[sys_flag & _IPV6_HOSTS]
-            (total, magic, queue_id, queue_offset, physical, sys_flag, born, stored, store_host,
-             body_len) = layout.unpack_from(buf, pos)
+        (total, magic, _crc, queue_id, _flag, queue_offset, physical, sys_flag, born, _born_host, stored, store_host,
+         _reconsume, _prepared, body_len) = plain.unpack_from(buf, pos)
+        if sys_flag & HOST_FLAGS:
+            layout = RECORD_HEADS[sys_flag & HOST_FLAGS]
+            (total, magic, _crc, queue_id, _flag, queue_offset, physical, sys_flag, born, _born_host, stored,
+             store_host, _reconsume, _prepared, body_len) = layout.unpack_from(buf, pos)
         body_at = pos + layout.size
         body_end = body_at + body_len
-        if magic == _MAGIC_V2:
+        if magic == MAGIC_V2:  # the topic length takes two bytes instead of one
             topic_at = body_end + 2
             topic_len = buf[body_end] << 8 | buf[body_end + 1]
         else:

@@ -27,10 +27,24 @@ SYSFLAG_POS = 36
 BORN_HOST_POS = 48
 
 _HEAD = struct.Struct(">iIiiiqqiq")  # totalSize .. bornTimestamp: 48 bytes
+#: The sys flag bits that say which host is IPv6 (20 bytes: address + port) rather than IPv4 (8).
+HOST_FLAGS = SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6
+
+
+def _record_head(host_flags: int) -> struct.Struct:
+    born = 20 if host_flags & SysFlag.BORNHOST_V6 else 8
+    store = 20 if host_flags & SysFlag.STOREHOST_V6 else 8
+    return struct.Struct(f">iIiiiqqiq{born}sq{store}siqi")
+
+
+#: A stored record's fields before its body, by ``sys_flag & HOST_FLAGS``: totalSize, magicCode, bodyCRC, queueId,
+#: flag, queueOffset, physicalOffset, sysFlag, bornTimestamp, bornHost (packed), storeTimestamp, storeHost
+#: (packed), reconsumeTimes, preparedTransactionOffset, bodyLength. The body follows, then the topic length (one
+#: byte, two under MAGIC_V2), the topic, the properties length (two bytes) and the properties.
+RECORD_HEADS = {flags: _record_head(flags) for flags in (0, SysFlag.BORNHOST_V6, SysFlag.STOREHOST_V6, HOST_FLAGS)}
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
 _U16 = struct.Struct(">H")
-_TAIL = struct.Struct(">iq")  # reconsumeTimes, preparedTransactionOffset
 _HEAD_MAGIC = struct.Struct(">I")
 _TAIL_BODY = struct.Struct(">iqi")  # reconsumeTimes, preparedTransactionOffset, bodyLength
 _TOPIC_LEN = [bytes((n,)) for n in range(128)]
@@ -159,19 +173,10 @@ def decode_record(buf, pos: int = 0) -> MessageRecord:
             raise MessageFormatError(f"bad magic code {magic:#x} at {pos}")
         if size < _HEAD.size or pos + size > len(buf):
             raise MessageFormatError(f"record size {size} at {pos} exceeds the buffer")
-        p = pos + BORN_HOST_POS
-        hlen = 20 if sys_flag & SysFlag.BORNHOST_V6 else 8
-        born_host = unpack_host(bytes(buf[p:p + hlen]))
-        p += hlen
-        (store_ts,) = _I64.unpack_from(buf, p)
-        p += 8
-        hlen = 20 if sys_flag & SysFlag.STOREHOST_V6 else 8
-        store_host = unpack_host(bytes(buf[p:p + hlen]))
-        p += hlen
-        reconsume, prepared = _TAIL.unpack_from(buf, p)
-        p += 12
-        (body_len,) = _I32.unpack_from(buf, p)
-        p += 4
+        head = RECORD_HEADS[sys_flag & HOST_FLAGS]
+        *_, born, store_ts, store, reconsume, prepared, body_len = head.unpack_from(buf, pos)
+        born_host, store_host = unpack_host(born), unpack_host(store)
+        p = pos + head.size
         if body_len < 0 or p + body_len > pos + size:
             raise MessageFormatError(f"body length {body_len} out of range")
         body = bytes(buf[p:p + body_len])
@@ -207,8 +212,7 @@ def _body_length_pos(buf) -> int:
         struct.error: the record is too short to say.
     """
     (sys_flag,) = _I32.unpack_from(buf, SYSFLAG_POS)
-    return (BORN_HOST_POS + (20 if sys_flag & SysFlag.BORNHOST_V6 else 8) + 8
-            + (20 if sys_flag & SysFlag.STOREHOST_V6 else 8) + 12)
+    return RECORD_HEADS[sys_flag & HOST_FLAGS].size - 4
 
 
 def rewrite_record(buf: bytes, topic: str, queue_id: int, properties_text: str) -> bytearray:
