@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import queue
+import threading
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass
 from itertools import islice
 from typing import NamedTuple
 
@@ -13,9 +17,13 @@ import pyarrow as pa
 
 from halfmq.client import MessageQueue, PullConsumer, PullStatus
 from halfmq.client.admin import Admin
+from halfmq.client.admin_messages import is_user_topic
 from halfmq.client.consumer import parse_expression
+from halfmq.client.errors import TopicNotExistError
 
 from .records import records_to_batch
+
+log = logging.getLogger(__name__)
 
 READER_GROUP = "halfmq-spark-reader"
 #: Messages per pull (the broker answers at most maxTransferCountOnMessageInMemory, 1024 by default).
@@ -39,69 +47,171 @@ class QueueBounds(NamedTuple):
     broker_name: str
 
 
-def queue_bounds(namesrv: str, topics: list[str]) -> dict[str, dict[int, QueueBounds]]:
-    """{topic: {queue id: (min offset, max offset, broker name)}} as the routes and the broker have them now."""
+class DataLossError(RuntimeError):
+    """Messages a read needed are gone (deleted below its start, a deleted topic, offsets gone backwards); the
+    message names them and failOnDataLoss=false, which skips them instead."""
+
+
+def queue_bounds(namesrv: str, topics: list[str], assigned: dict[str, tuple[int, ...]] | None = None
+                 ) -> dict[str, dict[int, QueueBounds]]:
+    """{topic: {queue id: (min offset, max offset, broker name)}} as the routes and the broker have them now; only
+    the ``assigned`` queues of a topic listed there. A topic the name server does not know has no entry."""
     async def run():
         async with PullConsumer(READER_GROUP, namesrv) as consumer:
             out: dict[str, dict[int, QueueBounds]] = {}
             for topic in topics:
-                out[topic] = {}
-                for queue in await consumer.fetch_subscribe_queues(topic):
-                    out[topic][queue.queue_id] = QueueBounds(await consumer.min_offset(queue),
-                                                             await consumer.max_offset(queue), queue.broker_name)
+                try:
+                    queues = await consumer.fetch_subscribe_queues(topic)
+                except TopicNotExistError:
+                    continue
+                wanted = None if assigned is None else set(assigned.get(topic, ()))
+                out[topic] = {q.queue_id: QueueBounds(await consumer.min_offset(q), await consumer.max_offset(q),
+                                                      q.broker_name)
+                              for q in queues if wanted is None or q.queue_id in wanted}
             return out
     return asyncio.run(run())
 
 
-async def _read_chunk(consumer: PullConsumer, queue: MessageQueue, start: int, end: int, expression: str,
-                      wanted: set[str] | None) -> pa.RecordBatch | None:
-    """The messages with start <= offset < end, as one batch (None if there are none)."""
+def user_topics(namesrv: str) -> list[str]:
+    """The topics the name server knows, without RocketMQ's system topics and the groups' retry and DLQ topics."""
+    async def run():
+        async with Admin(namesrv) as admin:
+            return sorted(t for t in await admin.topic_list() if is_user_topic(t))
+    return asyncio.run(run())
+
+
+def offsets_for_times(namesrv: str, times: dict[str, dict[int, int]],
+                      bounds: dict[str, dict[int, QueueBounds]]) -> dict[str, dict[int, int]]:
+    """{topic: {queue id: the first offset stored at or after the time}} (the queue's max offset if none is)."""
+    async def run():
+        async with PullConsumer(READER_GROUP, namesrv) as consumer:
+            return {topic: {q: await consumer.search_offset(MessageQueue(topic, bounds[topic][q].broker_name, q), ts)
+                            for q, ts in queues.items()} for topic, queues in times.items()}
+    return asyncio.run(run())
+
+
+@dataclass(frozen=True)
+class RangeRead:
+    """How a task reads its range: tag expression, whether lost messages fail it, how long one pull may take."""
+
+    tags: str = "*"
+    fail_on_data_loss: bool = True
+    pull_timeout_s: float = 120.0
+
+
+def _lost(queue: MessageQueue, start: int, end: int, why: str, read: RangeRead) -> None:
+    text = (f"messages {queue.topic}/{queue.queue_id} offsets {start}..{end - 1} are gone ({why}): "
+            f"they cannot be read")
+    if read.fail_on_data_loss:
+        raise DataLossError(f"{text}; set failOnDataLoss=false to skip lost messages")
+    log.warning("%s; skipped (failOnDataLoss=false)", text)
+
+
+async def _read_chunk(consumer: PullConsumer, queue: MessageQueue, start: int, end: int, read: RangeRead
+                      ) -> list[bytes]:
+    """The pull bodies covering start <= offset < end (stored records; a filtered pull may run past end). Messages
+    the queue no longer holds are data loss: an error, or skipped under failOnDataLoss=false."""
     bodies = []
     offset = start
     while offset < end:
-        status, next_offset, _low, _high, body = await consumer.pull_raw(
-            queue, offset, min(PULL_BATCH, end - offset), expression)
+        try:
+            status, next_offset, low, high, body = await consumer.pull_raw(
+                queue, offset, min(PULL_BATCH, end - offset), read.tags, timeout=read.pull_timeout_s)
+        except TopicNotExistError:
+            _lost(queue, offset, end, "the topic was deleted", read)
+            break
+        if status is PullStatus.OFFSET_ILLEGAL and offset < next_offset:
+            _lost(queue, offset, min(next_offset, end), f"deleted: the queue now starts at {low}", read)
+        elif status in (PullStatus.OFFSET_ILLEGAL, PullStatus.NO_NEW_MSG):
+            _lost(queue, offset, end, f"the queue now ends at {high}: its offsets went backwards", read)
+            break
         bodies.append(body)
-        if status is PullStatus.OFFSET_ILLEGAL or next_offset <= offset:
+        if next_offset <= offset:
             break
         offset = next_offset
-    return records_to_batch(b"".join(bodies), end, wanted)
+    return bodies
+
+
+class _Handover:
+    """Decoded batches passed from the pulling thread to the task's thread, at most CHUNKS_AHEAD waiting."""
+
+    END = object()
+
+    def __init__(self):
+        self.items: queue.Queue = queue.Queue(maxsize=CHUNKS_AHEAD)
+        self.stopped = threading.Event()
+
+    def put(self, item) -> bool:
+        """Blocks while the reader is behind; False once it has stopped reading (nothing more is wanted)."""
+        if self.stopped.is_set():
+            return False
+        self.items.put(item)
+        return not self.stopped.is_set()
+
+    def stop(self) -> None:
+        """The reader is done: a put blocked on a full queue returns (emptied here), later puts are refused."""
+        self.stopped.set()
+        while True:
+            try:
+                self.items.get_nowait()
+            except queue.Empty:
+                return
 
 
 def read_range(namesrv: str, topic: str, broker_name: str, queue_id: int, start: int, end: int,
-               tags: str = "*") -> Iterator[pa.RecordBatch]:
-    """Arrow record batches of the messages of one queue with start <= offset < end, in offset order."""
-    wanted = parse_expression(tags)
-    span = CHUNK if wanted is None else FILTERED_CHUNK
-    queue = MessageQueue(topic, broker_name, queue_id)
-    chunks = iter(range(start, end, span))
-    loop = asyncio.new_event_loop()
-    consumer = PullConsumer(READER_GROUP, namesrv)
-    pending: deque[asyncio.Task] = deque()
+               read: RangeRead = RangeRead()) -> Iterator[pa.RecordBatch]:
+    """Arrow record batches of the messages of one queue with start <= offset < end, in offset order.
 
-    def read_ahead() -> None:
-        for lo in islice(chunks, 1 + CHUNKS_AHEAD - len(pending)):
-            pending.append(loop.create_task(_read_chunk(consumer, queue, lo, min(lo + span, end), tags, wanted)))
-
+    A thread of its own pulls and decodes ahead while Spark consumes the batches already handed over: pulling
+    only while Spark waits for the next batch would leave the broker idle during Spark's share of the work."""
+    handover = _Handover()
+    puller = threading.Thread(target=_pull_range, name=f"halfmq-pull-{topic}-{queue_id}", daemon=True,
+                              args=(handover, namesrv, MessageQueue(topic, broker_name, queue_id), start, end, read))
+    puller.start()
     try:
-        loop.run_until_complete(consumer.start())
-        read_ahead()
-        while pending:
-            batch = loop.run_until_complete(pending.popleft())
+        while (item := handover.items.get()) is not _Handover.END:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:  # also when Spark stops reading early (e.g. for a limit)
+        handover.stop()
+        puller.join()
+
+
+def _pull_range(handover: _Handover, namesrv: str, queue: MessageQueue, start: int, end: int, read: RangeRead
+                ) -> None:
+    try:
+        asyncio.run(_pull_chunks(handover, namesrv, queue, start, end, read))
+        handover.put(_Handover.END)
+    except BaseException as exc:  # noqa: BLE001 - raised again in the task's thread, where Spark reports it
+        handover.put(exc)
+
+
+async def _pull_chunks(handover: _Handover, namesrv: str, queue: MessageQueue, start: int, end: int,
+                       read: RangeRead) -> None:
+    wanted = parse_expression(read.tags)
+    span = CHUNK if wanted is None else FILTERED_CHUNK
+    chunks = iter(range(start, end, span))
+    pending: deque[tuple[int, asyncio.Task]] = deque()
+    async with PullConsumer(READER_GROUP, namesrv) as consumer:
+        def read_ahead() -> None:
+            for lo in islice(chunks, 1 + CHUNKS_AHEAD - len(pending)):
+                hi = min(lo + span, end)
+                pending.append((hi, asyncio.create_task(_read_chunk(consumer, queue, lo, hi, read))))
+
+        try:
             read_ahead()
-            if batch is not None:
-                yield batch
-    finally:  # also when Spark stops reading early
-        loop.run_until_complete(_close(consumer, pending))
-        loop.close()
-
-
-async def _close(consumer: PullConsumer, tasks) -> None:
-    """Cancels the chunks still being read (Spark may stop early, e.g. for a limit) and closes the consumer."""
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    await consumer.close()
+            while pending:
+                chunk_end, task = pending.popleft()
+                bodies = await task
+                read_ahead()
+                batch = records_to_batch(b"".join(bodies), chunk_end, wanted)
+                if batch is not None and not handover.put(batch):
+                    return
+        finally:  # the reader stopped early or a pull failed: the chunks still being pulled are not wanted
+            for _end, task in pending:
+                task.cancel()
+            await asyncio.gather(*(task for _end, task in pending), return_exceptions=True)
 
 
 def transaction_records(namesrv: str, page_size: int | None = None) -> Iterator[dict]:

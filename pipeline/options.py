@@ -7,8 +7,10 @@ class OptionError(ValueError):
 
 
 #: The options each side understands (Spark hands them over lower-cased; these are their documented spellings).
-SOURCE_OPTIONS = ("namesrv", "subscribe", "startingOffsets", "endingOffsets", "maxOffsetsPerTrigger",
-                  "failOnDataLoss", "tags")
+SOURCE_OPTIONS = ("namesrv", "subscribe", "subscribePattern", "assign", "startingOffsets", "endingOffsets",
+                  "startingOffsetsByTimestamp", "endingOffsetsByTimestamp", "startingTimestamp", "endingTimestamp",
+                  "maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay", "minPartitions",
+                  "failOnDataLoss", "kafkaConsumer.pollTimeoutMs", "tags")
 SINK_OPTIONS = ("namesrv", "topic", "producerGroup", "sinkId", "checkImmunitySeconds")
 #: Options Spark itself may pass to any data source (a load/save path, a streaming sink's checkpoint).
 SPARK_OPTIONS = ("path", "checkpointLocation")

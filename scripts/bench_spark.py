@@ -1,6 +1,9 @@
-"""Messages/s from the broker into Spark: a batch read of a pre-filled topic into the `noop` sink.
+"""Rows/s from the broker into Spark, against the same run's parquet read of the same rows.
 
-The broker runs in its own process, as deployed; Spark is `local[2]` on the same machine.
+Source: a batch read of a pre-filled topic into the `noop` sink; reference: a parquet copy of those rows (written
+once, in the same run) read into `noop`. Passes alternate between the two so both see the same machine noise; the
+ratio of the medians is the figure to compare. The broker runs in its own process, as deployed; Spark is
+`local[2]` on the same machine.
 
     python scripts/bench_spark.py --messages 300000 --size 1024
 """
@@ -55,21 +58,52 @@ async def fill(namesrv: str, topic: str, count: int, size: int, queues: int) -> 
         return sum([await consumer.max_offset(q) for q in await consumer.fetch_subscribe_queues(topic)])
 
 
+def timed(write) -> float:
+    started = time.perf_counter()
+    write()
+    return time.perf_counter() - started
+
+
+def bench_source(spark, namesrv: str, total: int, args) -> None:
+    """Source → noop against parquet → noop of the same rows, alternating, medians and their ratio."""
+    reader = spark.read.format("halfmq").option("namesrv", namesrv).option("subscribe", "SparkBench")
+    if args.min_partitions:
+        reader = reader.option("minPartitions", str(args.min_partitions))
+    source = reader.load()
+    with tempfile.TemporaryDirectory(prefix="halfmq-bench-parquet-") as folder:
+        source.write.mode("overwrite").parquet(folder)  # the same rows; also the warm-up (JVM, Python workers)
+        parquet = spark.read.parquet(folder)
+        parquet.write.format("noop").mode("overwrite").save()
+        source_rates, parquet_rates = [], []
+        for number in range(1, args.passes + 1):
+            source_rates.append(total / timed(lambda: source.write.format("noop").mode("overwrite").save()))
+            parquet_rates.append(total / timed(lambda: parquet.write.format("noop").mode("overwrite").save()))
+            print(f"pass {number}: source {source_rates[-1]:,.0f} rows/s, parquet {parquet_rates[-1]:,.0f} rows/s",
+                  flush=True)
+    # Medians of the timed passes: the JVM keeps compiling through the first ones, and this machine is noisy.
+    source_rate, parquet_rate = statistics.median(source_rates), statistics.median(parquet_rates)
+    print(f"SUMMARY mode=source messages={total} size={args.size} passes={args.passes} "
+          f"minPartitions={args.min_partitions or 'unset'} source_rows_per_s={source_rate:,.0f} "
+          f"parquet_rows_per_s={parquet_rate:,.0f} ratio={source_rate / parquet_rate:.2f}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=300_000)
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--queues", type=int, default=4)
     parser.add_argument("--passes", type=int, default=3, help="timed passes after the warm-up")
+    parser.add_argument("--min-partitions", type=int, default=0, help="the source's minPartitions (0: unset)")
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    broker, namesrv = start_broker(tempfile.mkdtemp(prefix="halfmq-bench-spark-"))
-    try:
-        run(args, namesrv)
-    finally:
-        broker.send_signal(signal.SIGTERM)
-        broker.wait(30)
+    with tempfile.TemporaryDirectory(prefix="halfmq-bench-spark-") as store:
+        broker, namesrv = start_broker(store)
+        try:
+            run(args, namesrv)
+        finally:
+            broker.send_signal(signal.SIGTERM)
+            broker.wait(30)
 
 
 def run(args, namesrv: str) -> None:
@@ -77,24 +111,14 @@ def run(args, namesrv: str) -> None:
     total = asyncio.run(fill(namesrv, "SparkBench", args.messages, args.size, args.queues))
     print(f"filled {total:,} messages in {time.perf_counter() - started:.1f} s", flush=True)
 
+    from halfmq.pipeline import register
     from pyspark.sql import SparkSession
 
-    from halfmq.pipeline import register
-
     spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
              .config("spark.driver.bindAddress", "127.0.0.1").getOrCreate())
     register(spark)
-    df = spark.read.format("halfmq").option("namesrv", namesrv).option("subscribe", "SparkBench").load()
-    df.write.format("noop").mode("overwrite").save()  # warm-up: JVM, Python workers
-    rates = []
-    for _ in range(args.passes):
-        started = time.perf_counter()
-        df.write.format("noop").mode("overwrite").save()
-        rates.append(total / (time.perf_counter() - started))
-        print(f"pass {len(rates)}: {rates[-1]:,.0f} msgs/s", flush=True)
-    # The median of the timed passes: the JVM keeps compiling through the first ones, and this machine is noisy.
-    print(f"SUMMARY mode=spark messages={total} size={args.size} passes={args.passes} "
-          f"msgs_per_s={statistics.median(rates):,.0f} (first {rates[0]:,.0f}, best {max(rates):,.0f})", flush=True)
+    bench_source(spark, namesrv, total, args)
     spark.stop()
 
 

@@ -1,0 +1,67 @@
+"""A task's read of one queue range against a real broker (no Spark): the rows, and messages lost while it reads
+(issue 12: failOnDataLoss is enforced by every task, not only when planning)."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from halfmq.client import BlockingProducer, Message
+from halfmq.client.admin import Admin
+from halfmq.pipeline.broker_io import DataLossError, RangeRead, queue_bounds, read_range
+
+from tests.support.broker_thread import BrokerThread
+
+
+@pytest.fixture
+def bt(tmp_path):
+    broker_thread = BrokerThread(tmp_path / "store")
+    yield broker_thread
+    broker_thread.stop()
+
+
+def fill_queue(broker, topic, count):
+    """count messages, all in queue 0 (a topic of one queue)."""
+    async def create():
+        async with Admin(broker.namesrv_addr) as admin:
+            await admin.update_topic(topic, read_queues=1, write_queues=1)
+    asyncio.run(create())
+    with BlockingProducer("PG_READ", broker.namesrv_addr) as producer:
+        for i in range(count):
+            producer.send(Message(topic, f"m{i}".encode()))
+
+
+def offsets(bt, topic, start, end, **read):
+    name = queue_bounds(bt.broker.namesrv_addr, [topic])[topic][0].broker_name
+    return [o for batch in read_range(bt.broker.namesrv_addr, topic, name, 0, start, end, RangeRead(**read))
+            for o in batch.column("queue_offset").to_pylist()]
+
+
+def test_a_range_is_read_whole_across_chunks_and_stops_early_cleanly(bt, monkeypatch):
+    from halfmq.pipeline import broker_io
+    monkeypatch.setattr(broker_io, "CHUNK", 7)  # many chunks in flight over 40 messages
+    monkeypatch.setattr(broker_io, "PULL_BATCH", 3)
+    fill_queue(bt.broker, "ReadT", 40)
+    assert offsets(bt, "ReadT", 5, 38) == list(range(5, 38))
+    name = queue_bounds(bt.broker.namesrv_addr, ["ReadT"])["ReadT"][0].broker_name
+    batches = read_range(bt.broker.namesrv_addr, "ReadT", name, 0, 0, 40)
+    assert next(batches).num_rows == 7
+    batches.close()  # Spark stopping early (a limit): the pulling thread ends, nothing left running
+
+
+def test_messages_deleted_under_a_read_fail_it_or_are_skipped(bt):
+    fill_queue(bt.broker, "GoneUnderT", 10)
+
+    async def delete_below():  # what retention does: the queue now starts at 6
+        bt.broker.store.advance_minimums({("GoneUnderT", 0): 6})
+    bt.call(delete_below())
+    with pytest.raises(DataLossError, match=r"GoneUnderT/0 offsets 2\.\.5 are gone .*failOnDataLoss=false"):
+        offsets(bt, "GoneUnderT", 2, 10)
+    assert offsets(bt, "GoneUnderT", 2, 10, fail_on_data_loss=False) == [6, 7, 8, 9]
+
+
+def test_a_queue_whose_offsets_went_backwards_under_a_read(bt):
+    fill_queue(bt.broker, "ShrunkT", 4)
+    with pytest.raises(DataLossError, match=r"ShrunkT/0 offsets 4\.\.9 are gone .*now ends at 4"):
+        offsets(bt, "ShrunkT", 0, 10)  # planned to 10, the queue holds 4
+    assert offsets(bt, "ShrunkT", 0, 10, fail_on_data_loss=False) == [0, 1, 2, 3]
