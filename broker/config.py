@@ -145,6 +145,17 @@ class BrokerConfig:
         "distinct topics, and distinct groups, that get series of their own in the metrics; later ones are "
         "counted under the label value (other)", default=1000, meta={"min": 1})
     metricsPromExporterHost: str = _doc("interface the metrics port listens on; empty = bindAddress", default="")
+    # --- the gRPC endpoint for RocketMQ 5 clients (issue 15; broker/grpc/) ---
+    grpcListenPort: int = _doc("gRPC port for RocketMQ 5 clients (apache.rocketmq.v2.MessagingService, what the "
+                               "reference proxy serves on 8081); 0 = any free port, -1 = off. It listens on "
+                               "bindAddress, with TLS and ACL as the broker port", default=8081,
+                               meta={"min": -1, "max": 65535})
+    grpcMaxDeliveryAttempts: int = _doc("deliveries of a message to a gRPC consumer group before it goes to the "
+                                        "group's %DLQ% topic (the reference's retryMaxTimes 16 + 1)", default=17,
+                                        meta={"min": 1, "max": 1000})
+    grpcMaxReceiptsPerQueue: int = _doc("received and not yet acknowledged messages one gRPC consumer group may "
+                                        "hold per queue; a receive beyond it gets only redeliveries",
+                                        default=2000, meta={"min": 1, "max": 100_000})
 
     @property
     def advertised_ip(self) -> str:

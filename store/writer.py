@@ -45,7 +45,7 @@ from .keys import QUEUE_KEY, QUEUE_PREFIX, TOPIC_ID, U64
 from .lifecycle import log_end
 
 log = logging.getLogger(__name__)
-DBS = ("commitlog", "cq", "topic_ids", "offsets", "topics", "halfs", "due", "meta", "keys", "timers")
+DBS = ("commitlog", "cq", "topic_ids", "offsets", "topics", "halfs", "due", "meta", "keys", "timers", "receipts")
 FRAME = struct.Struct(">I")
 MAX_GROUP_OPS = 4096  #: most ops in one write transaction (bounds a transaction's dirty pages and its latency)
 
