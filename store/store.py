@@ -502,6 +502,31 @@ class MessageStore:
         with self.env.begin() as txn:
             return txn.stat(self.dbs["due"])["entries"]
 
+    def due_page(self, after: tuple[int, int] | None, limit: int) -> list[tuple[int, int]]:
+        """A page of the halves' due index: (due ms, half offset) after ``after`` (None: from the first), soonest
+        first, at most ``limit``."""
+        start = None if after is None else DUE_KEY.pack(*after)
+        return [DUE_KEY.unpack(key) for key, _value in self._page("due", start, limit)]
+
+    def halves_page(self, after: int | None, limit: int) -> list[tuple[int, HalfState]]:
+        """A page of every half's state, in store order after half offset ``after`` (None: from the first)."""
+        start = None if after is None else U64.pack(after)
+        return [(U64.unpack(key)[0], HalfState.from_bytes(value)) for key, value in self._page("halfs", start, limit)]
+
+    def _page(self, table: str, after: bytes | None, limit: int) -> list[tuple[bytes, bytes]]:
+        out = []
+        with self.env.begin(buffers=False) as txn:
+            cursor = txn.cursor(db=self.dbs[table])
+            if not (cursor.first() if after is None else cursor.set_range(after)):
+                return out
+            for key, value in cursor:
+                if key == after:
+                    continue
+                out.append((key, value))
+                if len(out) >= limit:
+                    break
+        return out
+
     def iter_halves(self) -> Iterator[tuple[int, HalfState]]:
         with self.env.begin() as txn:
             rows = [(U64.unpack(k)[0], HalfState.from_bytes(v)) for k, v in txn.cursor(db=self.dbs["halfs"])]

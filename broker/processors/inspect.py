@@ -14,8 +14,6 @@ from halfmq.protocol.headers import (
     QueryMessageRequestHeader,
 )
 from halfmq.protocol.message import create_offset_msg_id, decode_record
-from halfmq.store import HalfState
-from halfmq.store.keys import DUE_KEY, U64
 
 from ..context import BrokerContext, now_ms
 from ..errors import BrokerError
@@ -135,9 +133,9 @@ class InspectProcessor:
         limit = _page_limit(h.limit)
         after = _cursor(h.after, 2)
         store, now = self.ctx.store, now_ms()
-        page = _read_page(store, "due", DUE_KEY, after, limit)
+        page = store.due_page(after, limit)
         rows = []
-        for (due, offset), _empty in page:
+        for due, offset in page:
             state = store.get_half(offset)
             if state is None or not state.pending:
                 continue  # decided between the two reads
@@ -146,7 +144,7 @@ class InspectProcessor:
                          "ageMillis": now - state.store_ts, "checks": state.checks,
                          "nextCheckInMillis": due - now, "waitingForProducer": state.waiting})
         return _json(cmd, {"pending": store.pending_halves_count(), "halves": rows,
-                           "next": _next_cursor(page, limit)})
+                           "next": _next_cursor(page[-1] if page else None, len(page), limit)})
 
     def transaction_records(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         """One page of every transaction's record (for audits), in store order: state, group, topic, times and
@@ -154,15 +152,15 @@ class InspectProcessor:
         h = HalfStatusRequestHeader.from_ext(cmd.ext_fields)
         limit = _page_limit(h.limit)
         after = _cursor(h.after, 1)
-        page = _read_page(self.ctx.store, "halfs", U64, after, limit)
+        page = self.ctx.store.halves_page(after[0] if after else None, limit)
         rows = []
-        for (offset,), raw in page:
-            state = HalfState.from_bytes(raw)
+        for offset, state in page:
             rows.append({"offset": offset, "transactionId": state.uniq, "producerGroup": state.group,
                          "topic": state.topic, "state": state.status.value, "storeTimestamp": state.store_ts,
                          "decidedTimestamp": state.decided_ts, "decidedBy": state.decided_by,
                          "checks": state.checks})
-        return _json(cmd, {"records": rows, "next": _next_cursor(page, limit)})
+        last = (page[-1][0],) if page else None
+        return _json(cmd, {"records": rows, "next": _next_cursor(last, len(page), limit)})
 
 
 def _page_limit(limit: int | None) -> int:
@@ -184,27 +182,7 @@ def _cursor(text: str | None, parts: int) -> tuple[int, ...] | None:
     return tuple(int(f) for f in fields)
 
 
-def _next_cursor(page: list, limit: int) -> str | None:
-    """Where the next page starts: after this one's last key; None when this page was the last."""
-    return ":".join(map(str, page[-1][0])) if len(page) == limit else None
-
-
-# The two transaction tables are read a page at a time from a cursor position. The store offers whole-table reads
-# only (iter_halves builds a list of every half, due_halves starts at the first), so this reads its tables
-# directly, with the key layouts from store.keys; it belongs in the store's read API (left to its owner).
-def _read_page(store, table: str, layout, after: tuple[int, ...] | None, limit: int
-               ) -> list[tuple[tuple[int, ...], bytes]]:
-    """(decoded key, value) of the first ``limit`` rows of ``table`` after key ``after`` (None: from the start)."""
-    out = []
-    with store.env.begin(buffers=False) as txn:
-        cursor = txn.cursor(db=store.dbs[table])
-        start = None if after is None else layout.pack(*after)
-        if not (cursor.first() if start is None else cursor.set_range(start)):
-            return out
-        for key, value in cursor:
-            if key == start:
-                continue
-            out.append((layout.unpack(key), value))
-            if len(out) >= limit:
-                break
-    return out
+def _next_cursor(last: tuple[int, ...] | None, count: int, limit: int) -> str | None:
+    """Where the next page starts: after this page's last key; None when the page was the last (it had fewer rows
+    than asked for)."""
+    return ":".join(map(str, last)) if count == limit else None
