@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 import pytest
 
-from halfmq.client import BlockingProducer, Message
+from halfmq.client import BlockingProducer, Message, MessageQueue, PullConsumer
 from halfmq.client.admin import Admin
-from halfmq.pipeline.broker_io import DataLossError, RangeRead, queue_bounds, read_range
+from halfmq.client.errors import RequestTimeoutError
+from halfmq.pipeline import broker_io
+from halfmq.pipeline.broker_io import READER_GROUP, DataLossError, RangeRead, _read_chunk, queue_bounds, read_range
 
 from tests.support.broker_thread import BrokerThread
 
@@ -38,7 +42,6 @@ def offsets(bt, topic, start, end, **read):
 
 
 def test_a_range_is_read_whole_across_chunks_and_stops_early_cleanly(bt, monkeypatch):
-    from halfmq.pipeline import broker_io
     monkeypatch.setattr(broker_io, "CHUNK", 7)  # many chunks in flight over 40 messages
     monkeypatch.setattr(broker_io, "PULL_BATCH", 3)
     fill_queue(bt.broker, "ReadT", 40)
@@ -65,3 +68,24 @@ def test_a_queue_whose_offsets_went_backwards_under_a_read(bt):
     with pytest.raises(DataLossError, match=r"ShrunkT/0 offsets 4\.\.9 are gone .*now ends at 4"):
         offsets(bt, "ShrunkT", 0, 10)  # planned to 10, the queue holds 4
     assert offsets(bt, "ShrunkT", 0, 10, fail_on_data_loss=False) == [0, 1, 2, 3]
+
+
+def test_a_pull_waits_at_most_the_poll_timeout(bt):
+    """kafkaConsumer.pollTimeoutMs becomes each pull's timeout: a stalled broker fails the task that long after."""
+    fill_queue(bt.broker, "StallT", 3)
+    name = queue_bounds(bt.broker.namesrv_addr, ["StallT"])["StallT"][0].broker_name
+    resume = threading.Event()
+
+    async def pull_from_a_stalled_broker():
+        async with PullConsumer(READER_GROUP, bt.broker.namesrv_addr) as consumer:
+            queue = MessageQueue("StallT", name, 0)
+            assert len(await _read_chunk(consumer, queue, 0, 3, RangeRead())) == 1  # route and connection ready
+            bt.loop.call_soon_threadsafe(resume.wait, 30)  # the broker's loop stops answering
+            started = time.monotonic()
+            with pytest.raises(RequestTimeoutError, match="after 0.3"):
+                await _read_chunk(consumer, queue, 0, 3, RangeRead(pull_timeout_s=0.3))
+            return time.monotonic() - started
+    try:
+        assert asyncio.run(pull_from_a_stalled_broker()) < 2.5  # not the client's 3 s request timeout
+    finally:
+        resume.set()
