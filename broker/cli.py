@@ -36,7 +36,7 @@ async def run_broker(config) -> None:
     await broker.start()
     # Always printed, whatever logLevel: scripts and supervisors wait for this line.
     print(f"halfmq ready: broker {broker.addr} namesrv {broker.namesrv_addr or '-'} "
-          f"metrics {broker.metrics_addr or '-'}", flush=True)
+          f"metrics {broker.metrics_addr or '-'} grpc {broker.grpc_addr or '-'}", flush=True)
     await stop.wait()
     await broker.stop()
 

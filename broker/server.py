@@ -87,6 +87,9 @@ class Broker:
         self.namesrv_port = 0
         self.metrics_port = 0
         self.metrics_addr = ""
+        self.grpc = None  #: broker/grpc's GrpcEndpoint, when grpcListenPort >= 0 and the grpc extra is installed
+        self.grpc_port = 0
+        self.grpc_addr = ""
         self.stopped = asyncio.Event()
         self._stopping = False
 
@@ -170,6 +173,8 @@ class Broker:
                                     cfg.namesrvListenPort, tls, "namesrvListenPort")
             self.namesrv_port = ns.sockets[0].getsockname()[1]
             self.namesrv_addr = format_address(ns.sockets[0].getsockname())
+        if cfg.grpcListenPort >= 0:
+            await self._start_grpc(ctx)
         if cfg.metricsPromExporterPort >= 0:
             host = cfg.metricsPromExporterHost or cfg.bindAddress
             try:
@@ -179,11 +184,37 @@ class Broker:
             self.metrics_port = bound[1]
             self.metrics_addr = format_address(bound)
         log.info("effective configuration: %s", " ".join(f"{k}={v}" for k, v in cfg.as_dict().items()))
-        log.info("listening: broker %s namesrv %s metrics %s; routes and message ids advertise %s",
-                 self.addr, self.namesrv_addr or "-", self.metrics_addr or "-", ctx.broker_addr)
+        log.info("listening: broker %s namesrv %s metrics %s grpc %s; routes and message ids advertise %s",
+                 self.addr, self.namesrv_addr or "-", self.metrics_addr or "-", self.grpc_addr or "-",
+                 ctx.broker_addr)
         if not cfg.brokerIP1 and cfg.bindAddress in WILDCARDS:
             log.warning("bound to every interface but brokerIP1 is not set: routes advertise %s, which only "
                         "clients on this host can reach", ctx.broker_addr)
+
+    async def _start_grpc(self, ctx) -> None:
+        """The gRPC endpoint for RocketMQ 5 clients (broker/grpc/), on bindAddress with the broker port's TLS
+        certificates. Without the grpc extra installed it is not served, and the log says so."""
+        cfg = self.config
+        try:
+            from .grpc.server import GrpcEndpoint
+        except ImportError as exc:
+            log.warning("grpcListenPort=%d: RocketMQ 5 (gRPC) clients are not served: %s (install the grpc extra: "
+                        "pip install 'halfmq[grpc]'; grpcListenPort=-1 turns this off)", cfg.grpcListenPort, exc)
+            return
+        tls = None
+        if cfg.tlsEnable:
+            with open(cfg.tlsServerCertPath, "rb") as cert, open(cfg.tlsServerKeyPath, "rb") as key:
+                tls = (cert.read(), key.read())
+        self.grpc = GrpcEndpoint(ctx, SendProcessor(ctx))
+        try:
+            self.grpc_port = await self.grpc.start(cfg.bindAddress, cfg.grpcListenPort, tls)
+        except OSError as exc:
+            self.grpc = None
+            raise StartError(f"grpcListenPort={cfg.grpcListenPort}: {exc}") from None
+        self.grpc_addr = format_address((cfg.bindAddress or "0.0.0.0", self.grpc_port))
+        task = PeriodicTask("expire-grpc-clients", CLIENT_SCAN_INTERVAL_S, self.grpc.expire_sessions)
+        self.periodic.append(task)
+        task.start()
 
     def _tls_context(self) -> ssl.SSLContext | None:
         cfg = self.config
@@ -248,6 +279,8 @@ class Broker:
                 server.close()
             self.connections.stop_reading()
             self.namesrv_connections.stop_reading()
+            if self.grpc is not None:
+                await self.grpc.stop(min(self.config.shutdownGraceSeconds, 2))
             if self.ctx is not None:
                 self.ctx.long_poll.release_all()
                 await self.dispatcher.drain(self.config.shutdownGraceSeconds)

@@ -1,0 +1,360 @@
+"""ReceiveMessage, AckMessage, ChangeInvisibleDuration and ForwardMessageToDeadLetterQueue: RocketMQ 5's
+consumption model over the receipts table (store/receipts.py).
+
+A receive hands out, per queue, first the messages whose invisible time ran out (their attempt counted), then new
+ones from the group's cursor; each gets a receipt, durable before the answer goes out. One not acknowledged in time
+is handed out again; one that has used grpcMaxDeliveryAttempts goes to the group's %DLQ% topic instead (the copy
+and the receipt's removal are one write). Messages with a message group (FIFO) keep their order: while a queue has
+a grouped message out, no later grouped message of that queue is handed out (the reference's orderly pop locks the
+queue the same way).
+
+A group's first receive from a queue starts where its remoting consumers' committed offset is, else at the
+queue's start when the queue still holds everything, else at its end (the reference's pop initial offset);
+acknowledgements move that committed offset, so consumer progress and lag are shown for gRPC groups too.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+import time
+
+from halfmq.protocol import properties as P
+from halfmq.protocol.codes import SysFlag
+from halfmq.protocol.message import MessageRecord, decode_record
+from halfmq.store import message_request
+from halfmq.store.receipts import (AckReceipts, ChangeInvisibility, DeadLetter, Receipt, ReceiptError, TakeReceipts,
+                                   read_cursor, read_receipts)
+
+from ..context import now_ms
+from ..services.clients import parse_subscription
+from .auth import GROUP, SUB, TOPIC, Caller, require
+from .convert import to_message
+from .route import checked_group, checked_topic
+from .schema import Code, FilterType, pb
+from .status import GrpcError, ok, status
+
+log = logging.getLogger(__name__)
+MIN_INVISIBLE_MS = 1_000
+MAX_INVISIBLE_MS = 12 * 3_600_000
+AUTO_RENEW_INVISIBLE_MS = 30_000   #: a push consumer's receive (auto_renew, no duration of its own)
+MAX_BATCH = 1024
+MAX_POLLING_MS = 60_000
+MAX_RESPONSE_BYTES = 4 << 20
+_TIMER_KEYS = (P.TIMER_DELIVER_MS, P.TIMER_DELAY_SEC, P.TIMER_DELAY_MS, P.START_DELIVER_TIME, P.TIMER_OUT_MS, P.DELAY)
+
+
+def receipt_handle(queue_id: int, queue_offset: int, version: int) -> str:
+    return f"{queue_id:x}:{queue_offset:x}:{version:x}"
+
+
+def parse_handle(text: str) -> tuple[int, int, int]:
+    """(queue id, queue offset, version) of a receipt handle.
+
+    Raises:
+        GrpcError: INVALID_RECEIPT_HANDLE.
+    """
+    parts = text.split(":")
+    try:
+        if len(parts) == 3:
+            return int(parts[0], 16), int(parts[1], 16), int(parts[2], 16)
+    except ValueError:
+        pass
+    raise GrpcError(Code["INVALID_RECEIPT_HANDLE"], f"{text[:80]!r} is not a receipt handle this broker gave")
+
+
+def _duration_ms(duration, what: str, low: int, high: int, code: str) -> int:
+    ms = duration.ToMilliseconds()
+    if not low <= ms <= high:
+        raise GrpcError(Code[code], f"the {what} {ms} ms is outside {low}..{high} ms")
+    return ms
+
+
+class ReceiveService:
+    def __init__(self, endpoint):
+        self.endpoint = endpoint
+        self.ctx = endpoint.ctx
+        self.store = endpoint.ctx.store
+        #: one receive at a time per (group, topic): takes then never race each other (the ops check anyway)
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._arrivals: dict[str, set[asyncio.Future]] = {}
+        # versions grow across restarts too: a handle from before a restart never names a newer receipt
+        self._versions = itertools.count(time.time_ns() // 1000)
+        self.dead_lettered = 0
+        self._stopping = False
+
+    # --- arrivals (long polling) ---
+    def on_arrival(self, topic: str, _queue_id: int, _max_offset: int) -> None:
+        waiters = self._arrivals.pop(topic, None)
+        for future in waiters or ():
+            if not future.done():
+                future.set_result(None)
+
+    def release_all(self) -> None:
+        """Shutdown: waiting receives answer now (with what they have: nothing)."""
+        self._stopping = True
+        for waiters in self._arrivals.values():
+            for future in waiters:
+                if not future.done():
+                    future.set_result(None)
+        self._arrivals.clear()
+
+    async def _wait(self, topic: str, timeout_s: float) -> None:
+        future = asyncio.get_running_loop().create_future()
+        waiters = self._arrivals.setdefault(topic, set())
+        waiters.add(future)
+        try:
+            await asyncio.wait_for(future, max(0.0, timeout_s))
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            waiters.discard(future)
+            if not waiters and self._arrivals.get(topic) is waiters:
+                del self._arrivals[topic]
+
+    # --- ReceiveMessage ---
+    async def receive_message(self, request, caller: Caller):
+        """The answers of one receive: each message, then the status (MESSAGE_NOT_FOUND when none came)."""
+        group, topic = checked_group(request.group), checked_topic(request.message_queue.topic)
+        require(caller, (GROUP, group, SUB), (TOPIC, topic, SUB))
+        config = self.ctx.topics.get(topic)
+        if config is None:
+            raise GrpcError(Code["TOPIC_NOT_FOUND"], f"topic {topic} does not exist")
+        if not config.readable:
+            raise GrpcError(Code["FORBIDDEN"], f"the topic[{topic}] reading message is forbidden")
+        await self.ctx.topics.ensure_group(group)
+        batch = request.batch_size
+        if not 1 <= batch <= MAX_BATCH:
+            raise GrpcError(Code["BAD_REQUEST"], f"batch_size {batch} is outside 1..{MAX_BATCH}")
+        if request.HasField("invisible_duration"):
+            invisible_ms = _duration_ms(request.invisible_duration, "invisible duration", MIN_INVISIBLE_MS,
+                                        MAX_INVISIBLE_MS, "ILLEGAL_INVISIBLE_TIME")
+        elif request.auto_renew:
+            invisible_ms = AUTO_RENEW_INVISIBLE_MS
+        else:
+            raise GrpcError(Code["ILLEGAL_INVISIBLE_TIME"], "the invisible duration is required")
+        polling_ms = 0
+        if request.HasField("long_polling_timeout"):
+            polling_ms = _duration_ms(request.long_polling_timeout, "long polling timeout", 0, MAX_POLLING_MS,
+                                      "ILLEGAL_POLLING_TIME")
+        tag_codes = self._tag_codes(topic, request.filter_expression)
+        queues = list(range(config.read_queue_nums))
+        start = request.message_queue.id
+        if start < 0 or start >= len(queues):
+            start = random.randrange(len(queues)) if queues else 0
+        queues = queues[start:] + queues[:start]
+        deadline = time.monotonic() + polling_ms / 1000
+        while True:
+            taken, next_visible = await self._take_from(group, topic, queues, tag_codes, batch, invisible_ms)
+            if taken:
+                return [self._answer(rec, namespace=request.message_queue.topic.resource_namespace,
+                                     handle=handle, attempts=attempts, invisible_ms=invisible_ms)
+                        for rec, handle, attempts in taken]
+            left = deadline - time.monotonic()
+            if left <= 0 or self._stopping:
+                return []
+            if next_visible is not None:
+                left = min(left, max(0.0, (next_visible - now_ms()) / 1000) + 0.01)
+            await self._wait(topic, left)
+
+    @staticmethod
+    def _answer(rec: MessageRecord, namespace: str, handle: str, attempts: int, invisible_ms: int):
+        return pb.ReceiveMessageResponse(message=to_message(rec, namespace, handle, attempts, invisible_ms))
+
+    @staticmethod
+    def _tag_codes(topic: str, expression):
+        if expression.type == FilterType["SQL"]:
+            raise GrpcError(Code["ILLEGAL_FILTER_EXPRESSION"], "SQL filter expressions are not supported")
+        return parse_subscription(topic, expression.expression or "*").tag_codes
+
+    async def _take_from(self, group, topic, queues, tag_codes, batch, invisible_ms):
+        """Up to ``batch`` messages from ``queues`` in turn; and the earliest time a held one becomes visible."""
+        taken: list = []
+        next_visible = None
+        lock = self._locks.setdefault((group, topic), asyncio.Lock())
+        async with lock:
+            for queue_id in queues:
+                if len(taken) >= batch:
+                    break
+                for _attempt in range(3):  # an ack or change racing the read makes the op refuse: read again
+                    try:
+                        got, visible = await self._take(group, topic, queue_id, tag_codes, batch - len(taken),
+                                                        invisible_ms)
+                        break
+                    except ReceiptError:
+                        continue
+                else:
+                    got, visible = [], None
+                taken.extend(got)
+                if visible is not None and (next_visible is None or visible < next_visible):
+                    next_visible = visible
+        return taken, next_visible
+
+    def _initial_offset(self, group: str, topic: str, queue_id: int) -> int:
+        committed = self.ctx.offsets.get(group, topic, queue_id)
+        if committed is not None:
+            return committed
+        if self.store.min_offset(topic, queue_id) == 0:
+            return 0
+        return self.store.max_offset(topic, queue_id)
+
+    async def _take(self, group, topic, queue_id, tag_codes, room, invisible_ms):
+        store, cfg = self.store, self.ctx.config
+        now = now_ms()
+        receipts = read_receipts(store, group, topic, queue_id)
+        due = [r for r in receipts if r.visible_at <= now]
+        for receipt in [r for r in due if r.attempts >= cfg.grpcMaxDeliveryAttempts]:
+            await self._dead_letter(group, topic, queue_id, receipt)
+            receipts.remove(receipt)
+            due.remove(receipt)
+        held = [r for r in receipts if r.visible_at > now]
+        next_visible = min((r.visible_at for r in held), default=None)
+        again = due[:room]
+        raws = store.read_records([r.physical_offset for r in again]) if again else []
+        by_offset = {}
+        for raw in raws:
+            rec = decode_record(raw)
+            by_offset[rec.physical_offset] = rec
+        redelivered = [(r, by_offset.get(r.physical_offset)) for r in again]
+        dropped = [(r.queue_offset, r.version) for r, rec in redelivered if rec is None]
+        redelivered = [(r, rec) for r, rec in redelivered if rec is not None]
+        grouped_out = any(r.grouped for r in receipts)
+        cursor = read_cursor(store, group, topic, queue_id)
+        start = cursor if cursor is not None else self._initial_offset(group, topic, queue_id)
+        start = max(start, store.min_offset(topic, queue_id))
+        fresh: list[MessageRecord] = []
+        new_cursor = start
+        space = min(room - len(redelivered), cfg.grpcMaxReceiptsPerQueue - len(receipts))
+        if space > 0 and start < store.max_offset(topic, queue_id):
+            records, scanned_to = store.read_queue(topic, queue_id, start, space, tag_codes, MAX_RESPONSE_BYTES)
+            new_cursor = scanned_to
+            for raw in records:
+                rec = decode_record(raw)
+                if grouped_out and P.SHARDING_KEY in rec.properties:
+                    new_cursor = rec.queue_offset  # it waits until the grouped messages out now are acknowledged
+                    break
+                fresh.append(rec)
+        if not fresh and not redelivered and not dropped and new_cursor == start and cursor is not None:
+            return [], next_visible
+        version = next(self._versions)
+        op = TakeReceipts(group, topic, queue_id, cursor, new_cursor,
+                          [(rec.queue_offset, rec.physical_offset, P.SHARDING_KEY in rec.properties)
+                           for rec in fresh],
+                          [(r.queue_offset, r.version) for r, _rec in redelivered], dropped,
+                          now + invisible_ms, version)
+        results = await store.submit(op)
+        records = {rec.queue_offset: rec for rec in fresh}
+        records.update({r.queue_offset: rec for r, rec in redelivered})
+        out = []
+        for queue_offset, attempts, _physical in results:
+            rec = records[queue_offset]
+            rec.reconsume_times = attempts - 1
+            out.append((rec, receipt_handle(queue_id, queue_offset, version), attempts))
+        out.sort(key=lambda item: item[0].queue_offset)
+        if out:
+            visible = now + invisible_ms
+            next_visible = visible if next_visible is None else min(next_visible, visible)
+        self._commit_progress(group, topic, queue_id)
+        return out, next_visible
+
+    def _commit_progress(self, group: str, topic: str, queue_id: int) -> None:
+        """The group's committed offset: the first message not yet acknowledged (for progress and lag)."""
+        receipts = read_receipts(self.store, group, topic, queue_id)
+        cursor = read_cursor(self.store, group, topic, queue_id)
+        if cursor is None:
+            return
+        first = min((r.queue_offset for r in receipts), default=cursor)
+        if self.ctx.offsets.get(group, topic, queue_id) != first:
+            self.ctx.offsets.commit(group, topic, queue_id, first)
+
+    async def _dead_letter(self, group: str, topic: str, queue_id: int, receipt: Receipt,
+                           version: int | None = None) -> None:
+        """Move a message to the group's DLQ (its copy, and its receipt dropped, in one write)."""
+        dlq = await self.ctx.topics.ensure_dlq(group)
+        raw = self.store.read_record(receipt.physical_offset)
+        rec = decode_record(raw) if raw is not None else None
+        request = None
+        if rec is not None:
+            props = {k: v for k, v in rec.properties.items() if k not in _TIMER_KEYS}
+            props.setdefault(P.RETRY_TOPIC, topic)
+            props.setdefault(P.ORIGIN_MESSAGE_ID, props.get(P.UNIQ_KEY, ""))
+            copy = MessageRecord(topic=dlq.name, body=rec.body, queue_id=0, flag=rec.flag,
+                                 sys_flag=rec.sys_flag & ~SysFlag.TRANSACTION_MASK, born_timestamp=rec.born_timestamp,
+                                 born_host=rec.born_host, store_host=self.ctx.store_host,
+                                 reconsume_times=receipt.attempts, properties=props)
+            request = message_request(copy)
+        if request is None:  # the message is gone (retention): only the receipt goes
+            await self.store.submit(AckReceipts([(group, topic, queue_id, receipt.queue_offset, receipt.version)]))
+            return
+        await self.store.submit(DeadLetter(group, topic, queue_id, receipt.queue_offset, version, request))
+        self.dead_lettered += 1
+        log.info("message %s of %s/%d moved to %s after %d deliveries to group %s",
+                 rec.properties.get(P.UNIQ_KEY, ""), topic, queue_id, dlq.name, receipt.attempts, group)
+
+    # --- AckMessage ---
+    async def ack_message(self, request, caller: Caller):
+        group, topic = checked_group(request.group), checked_topic(request.topic)
+        require(caller, (GROUP, group, SUB), (TOPIC, topic, SUB))
+        response = pb.AckMessageResponse()
+        items, slots = [], []
+        for entry in request.entries:
+            result = response.entries.add(message_id=entry.message_id, receipt_handle=entry.receipt_handle)
+            try:
+                queue_id, queue_offset, version = parse_handle(entry.receipt_handle)
+            except GrpcError as exc:
+                result.status.CopyFrom(status(exc.code, exc.message))
+                continue
+            items.append((group, topic, queue_id, queue_offset, version))
+            slots.append(result)
+        errors = await self.store.submit(AckReceipts(items)) if items else []
+        for result, error in zip(slots, errors):
+            result.status.CopyFrom(ok() if error is None else status(Code["INVALID_RECEIPT_HANDLE"], str(error)))
+        for queue_id in sorted({item[2] for item in items}):
+            self._commit_progress(group, topic, queue_id)
+        failed = [e for e in response.entries if e.status.code != Code["OK"]]
+        if not failed:
+            response.status.CopyFrom(ok())
+        elif len(failed) == len(response.entries):
+            response.status.CopyFrom(failed[0].status)
+        else:
+            response.status.CopyFrom(status(Code["MULTIPLE_RESULTS"], f"{len(failed)} entries failed"))
+        return response
+
+    # --- ChangeInvisibleDuration ---
+    async def change_invisible_duration(self, request, caller: Caller):
+        group, topic = checked_group(request.group), checked_topic(request.topic)
+        require(caller, (GROUP, group, SUB), (TOPIC, topic, SUB))
+        invisible_ms = _duration_ms(request.invisible_duration, "invisible duration", 0, MAX_INVISIBLE_MS,
+                                    "ILLEGAL_INVISIBLE_TIME")
+        queue_id, queue_offset, version = parse_handle(request.receipt_handle)
+        new_version = next(self._versions)
+        try:
+            await self.store.submit(ChangeInvisibility(group, topic, queue_id, queue_offset, version,
+                                                       now_ms() + invisible_ms, new_version))
+        except ReceiptError as exc:
+            raise GrpcError(Code["INVALID_RECEIPT_HANDLE"], str(exc)) from None
+        if invisible_ms == 0:
+            self.on_arrival(topic, queue_id, 0)  # visible now: wake the receives waiting on the topic
+        return pb.ChangeInvisibleDurationResponse(status=ok(),
+                                                  receipt_handle=receipt_handle(queue_id, queue_offset, new_version))
+
+    # --- ForwardMessageToDeadLetterQueue ---
+    async def forward_to_dead_letter_queue(self, request, caller: Caller):
+        group, topic = checked_group(request.group), checked_topic(request.topic)
+        require(caller, (GROUP, group, SUB), (TOPIC, topic, SUB))
+        queue_id, queue_offset, version = parse_handle(request.receipt_handle)
+        held = {r.queue_offset: r for r in read_receipts(self.store, group, topic, queue_id)}
+        receipt = held.get(queue_offset)
+        if receipt is None or receipt.version != version:
+            raise GrpcError(Code["INVALID_RECEIPT_HANDLE"], "the receipt handle is not held (acknowledged, or "
+                                                            "delivered again with a newer handle)")
+        try:
+            await self._dead_letter(group, topic, queue_id, receipt, version)
+        except ReceiptError as exc:
+            raise GrpcError(Code["INVALID_RECEIPT_HANDLE"], str(exc)) from None
+        self._commit_progress(group, topic, queue_id)
+        return pb.ForwardMessageToDeadLetterQueueResponse(status=ok())
+
+
+__all__ = ["ReceiveService", "receipt_handle", "parse_handle"]

@@ -1,0 +1,217 @@
+"""QueryRoute, Heartbeat, QueryAssignment, NotifyClientTermination and Telemetry (the settings exchange)."""
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+
+from halfmq.protocol.codes import Perm
+
+from ..names import check_group, validate_topic_name
+from ..topics import DEFAULT_TOPIC
+from .auth import GROUP, PUB, SUB, TOPIC, Caller, authenticate, require, require_any
+from .schema import AddressScheme, ClientType, Code, MessageType, Permission, pb
+from .status import GrpcError, ok, status_for
+
+log = logging.getLogger(__name__)
+ALL_TYPES = (MessageType["NORMAL"], MessageType["FIFO"], MessageType["DELAY"], MessageType["TRANSACTION"])
+_DECLARED = {"NORMAL": (MessageType["NORMAL"],), "FIFO": (MessageType["FIFO"],), "DELAY": (MessageType["DELAY"],),
+             "TRANSACTION": (MessageType["TRANSACTION"],), "MIXED": ALL_TYPES}
+RECEIVE_BATCH_SIZE = 32
+LONG_POLLING_TIMEOUT_S = 30
+PRODUCER_MAX_ATTEMPTS = 3
+
+
+def accepted_types(config) -> tuple[int, ...]:
+    """What a topic's queues accept: its declared message type, every type when undeclared (item 5)."""
+    return _DECLARED.get(config.message_type or "MIXED", ALL_TYPES)
+
+
+def _permission(perm: int) -> int:
+    read, write = bool(perm & Perm.READ), bool(perm & Perm.WRITE)
+    if read and write:
+        return Permission["READ_WRITE"]
+    return Permission["READ"] if read else Permission["WRITE"] if write else Permission["NONE"]
+
+
+def resource_name(resource, what: str) -> str:
+    if not resource.name:
+        raise GrpcError(Code["ILLEGAL_TOPIC" if what == TOPIC else "ILLEGAL_CONSUMER_GROUP"], f"the {what} is empty")
+    return resource.name
+
+
+def checked_topic(resource) -> str:
+    name = resource_name(resource, TOPIC)
+    try:
+        validate_topic_name(name)
+    except Exception as exc:
+        raise GrpcError(Code["ILLEGAL_TOPIC"], str(getattr(exc, "remark", exc))) from None
+    return name
+
+
+def checked_group(resource) -> str:
+    name = resource_name(resource, GROUP)
+    try:
+        check_group(name, "group")
+    except Exception as exc:
+        raise GrpcError(Code["ILLEGAL_CONSUMER_GROUP"], str(getattr(exc, "remark", exc))) from None
+    return name
+
+
+class RouteService:
+    def __init__(self, endpoint):
+        self.endpoint = endpoint
+        self.ctx = endpoint.ctx
+        self.sessions = endpoint.sessions
+
+    def endpoints(self):
+        """This gRPC endpoint as routes advertise it (brokerIP1 or the bound address, and the gRPC port)."""
+        host = self.ctx.config.advertised_ip
+        ends = pb.Endpoints()
+        try:
+            version = ipaddress.ip_address(host).version
+            ends.scheme = AddressScheme["IPv4"] if version == 4 else AddressScheme["IPv6"]
+        except ValueError:
+            ends.scheme = AddressScheme["DOMAIN_NAME"]
+        ends.addresses.add(host=host, port=self.endpoint.port)
+        return ends
+
+    def message_queue(self, config, queue_id: int, namespace: str = ""):
+        mq = pb.MessageQueue()
+        mq.topic.name = config.name
+        mq.topic.resource_namespace = namespace
+        mq.id = queue_id
+        mq.permission = _permission(config.perm)
+        mq.broker.name = self.ctx.config.brokerName
+        mq.broker.id = 0
+        mq.broker.endpoints.CopyFrom(self.endpoints())
+        mq.accept_message_types.extend(accepted_types(config))
+        return mq
+
+    async def topic_config(self, topic: str):
+        """The topic's config, auto-creating it as a remoting send would (autoCreateTopicEnable, quotas)."""
+        config = self.ctx.topics.get(topic)
+        if config is None:
+            config = await self.ctx.topics.ensure_for_send(topic, DEFAULT_TOPIC, 0)
+        return config
+
+    async def query_route(self, request, caller: Caller):
+        topic = checked_topic(request.topic)
+        require_any(caller, TOPIC, topic)
+        config = await self.topic_config(topic)
+        response = pb.QueryRouteResponse(status=ok())
+        for queue_id in range(config.queue_nums):
+            response.message_queues.append(self.message_queue(config, queue_id, request.topic.resource_namespace))
+        return response
+
+    async def query_assignment(self, request, caller: Caller):
+        """Every queue of the topic, to every consumer of the group: with receipts, consumers of a group share
+        queues safely (a message is invisible to the others while one holds it)."""
+        topic, group = checked_topic(request.topic), checked_group(request.group)
+        require(caller, (GROUP, group, SUB), (TOPIC, topic, SUB))
+        config = self.ctx.topics.get(topic)
+        if config is None:
+            raise GrpcError(Code["TOPIC_NOT_FOUND"], f"topic {topic} does not exist")
+        response = pb.QueryAssignmentResponse(status=ok())
+        if config.readable:
+            for queue_id in range(config.read_queue_nums):
+                response.assignments.add().message_queue.CopyFrom(
+                    self.message_queue(config, queue_id, request.topic.resource_namespace))
+        return response
+
+    async def heartbeat(self, request, caller: Caller):
+        session = self.sessions.get(caller.client_id)
+        if request.HasField("group") and request.group.name:
+            group = checked_group(request.group)
+            require(caller, (GROUP, group, SUB))
+            await self.ctx.topics.ensure_group(group)
+        self.sessions.refresh(session)
+        return pb.HeartbeatResponse(status=ok())
+
+    async def notify_client_termination(self, request, caller: Caller):
+        self.sessions.terminated(caller.client_id)
+        return pb.NotifyClientTerminationResponse(status=ok())
+
+    # --- Telemetry ---
+    async def telemetry(self, request_iterator, context):
+        """The client's settings in, the broker's settings (and later its commands) out, on one stream."""
+        try:
+            caller = authenticate(self.ctx.acl, context)
+        except GrpcError as exc:
+            yield pb.TelemetryCommand(status=status_for(exc))
+            return
+        session = self.sessions.get(caller.client_id, context.peer(), caller.language)
+        outbox = session.attach()
+        reader = asyncio.ensure_future(self._read_commands(request_iterator, caller, session, outbox))
+        try:
+            while True:
+                item = await outbox.get()
+                if item is None:
+                    break
+                command, size = item
+                yield command
+                session.written(size)
+        finally:
+            reader.cancel()
+            if session.detach(outbox):
+                self.sessions.closed(session)
+
+    async def _read_commands(self, request_iterator, caller: Caller, session, outbox) -> None:
+        try:
+            async for command in request_iterator:
+                session.heard()
+                if command.HasField("settings"):
+                    try:
+                        reply = await self.settings(command.settings, caller, session)
+                    except Exception as exc:  # answered on the stream; the stream goes on
+                        reply = pb.TelemetryCommand(status=status_for(exc))
+                    outbox.put_nowait((reply, 0))
+                # thread stack traces and verify results answer commands halfmq never sends: nothing to do
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the client went away mid-read
+            log.debug("telemetry stream of %s ended: %s", session.client_id, exc)
+        outbox.put_nowait(None)
+
+    async def settings(self, settings, caller: Caller, session):
+        """The broker's answer to a client's settings: what it may send, or how it consumes."""
+        cfg = self.ctx.config
+        reply = pb.Settings()
+        reply.CopyFrom(settings)
+        reply.request_timeout.seconds = max(settings.request_timeout.seconds, 3)
+        kind = settings.client_type
+        if kind == ClientType["PRODUCER"] or settings.HasField("publishing"):
+            topics = [checked_topic(t) for t in settings.publishing.topics]
+            # the stream gets this topic's transaction checks, with uncommitted bodies: PUB is needed
+            require(caller, *((TOPIC, topic, PUB) for topic in topics))
+            reply.publishing.max_body_size = cfg.maxMessageSize
+            reply.publishing.validate_message_type = True
+            reply.backoff_policy.Clear()
+            reply.backoff_policy.max_attempts = PRODUCER_MAX_ATTEMPTS
+            backoff = reply.backoff_policy.exponential_backoff
+            backoff.initial.FromMilliseconds(10)
+            backoff.max.FromMilliseconds(1000)
+            backoff.multiplier = 2.0
+            self.sessions.publishes(session, topics)
+        elif settings.HasField("subscription"):
+            sub = settings.subscription
+            group = checked_group(sub.group)
+            topics = [checked_topic(entry.topic) for entry in sub.subscriptions]
+            require(caller, (GROUP, group, SUB), *((TOPIC, topic, SUB) for topic in topics))
+            await self.ctx.topics.ensure_group(group)
+            configs = [self.ctx.topics.get(topic) for topic in topics]
+            reply.subscription.fifo = any(c is not None and c.message_type == "FIFO" for c in configs)
+            reply.subscription.receive_batch_size = RECEIVE_BATCH_SIZE
+            if not sub.HasField("long_polling_timeout") or sub.long_polling_timeout.seconds <= 0:
+                reply.subscription.long_polling_timeout.seconds = LONG_POLLING_TIMEOUT_S
+            reply.backoff_policy.Clear()
+            reply.backoff_policy.max_attempts = cfg.grpcMaxDeliveryAttempts
+            backoff = reply.backoff_policy.exponential_backoff
+            backoff.initial.FromMilliseconds(1000)
+            backoff.max.FromMilliseconds(60_000)
+            backoff.multiplier = 2.0
+        else:
+            raise GrpcError(Code["UNRECOGNIZED_CLIENT_TYPE"], f"client type {kind} is not served")
+        reply.metric.on = False
+        session.settings = reply
+        return pb.TelemetryCommand(status=ok(), settings=reply)

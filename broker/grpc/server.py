@@ -1,0 +1,155 @@
+"""The gRPC endpoint: a ``grpc.aio`` server on grpcListenPort serving ``apache.rocketmq.v2.MessagingService``.
+
+Each RPC is authenticated (auth.py), handed to its service (route, send, receive) and answered with a Status
+whatever happens: a failure becomes the reference's Code (status.py), never a gRPC error the 5.x clients do not
+read. RPCs halfmq does not serve (PullMessage, the offset RPCs, lite topics) answer NOT_IMPLEMENTED.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import grpc
+
+from .auth import authenticate
+from .receive import ReceiveService
+from .route import RouteService
+from .schema import SERVICE, Code, pb, rpc_names, rpc_types
+from .send import SendService
+from .sessions import Sessions
+from .status import GrpcError, status, status_for
+
+log = logging.getLogger(__name__)
+SESSION_SCAN_INTERVAL_S = 10.0
+_MAX_MESSAGE_BYTES = 64 << 20
+
+
+class GrpcEndpoint:
+    def __init__(self, ctx, send_processor):
+        self.ctx = ctx
+        self.port = 0
+        self.addr = ""
+        self.sessions = Sessions(ctx)
+        self.route = RouteService(self)
+        self.send = SendService(self, send_processor)
+        self.receive = ReceiveService(self)
+        self._server: grpc.aio.Server | None = None
+        self.requests = 0
+        unary = {
+            "QueryRoute": self.route.query_route,
+            "Heartbeat": self.route.heartbeat,
+            "QueryAssignment": self.route.query_assignment,
+            "NotifyClientTermination": self.route.notify_client_termination,
+            "SendMessage": self.send.send_message,
+            "EndTransaction": self.send.end_transaction,
+            "RecallMessage": self.send.recall_message,
+            "AckMessage": self.receive.ack_message,
+            "ChangeInvisibleDuration": self.receive.change_invisible_duration,
+            "ForwardMessageToDeadLetterQueue": self.receive.forward_to_dead_letter_queue,
+        }
+        self._handlers = {}
+        for name in rpc_names():
+            request_cls, response_cls, client_streams, server_streams = rpc_types(name)
+            options = dict(request_deserializer=request_cls.FromString,
+                           response_serializer=response_cls.SerializeToString)
+            if name == "Telemetry":
+                handler = grpc.stream_stream_rpc_method_handler(self.route.telemetry, **options)
+            elif name == "ReceiveMessage":
+                handler = grpc.unary_stream_rpc_method_handler(self._receive_message, **options)
+            elif name in unary:
+                handler = grpc.unary_unary_rpc_method_handler(self._unary(unary[name], response_cls), **options)
+            elif server_streams:
+                handler = grpc.unary_stream_rpc_method_handler(self._not_served_stream(name, response_cls),
+                                                               **options)
+            else:
+                handler = grpc.unary_unary_rpc_method_handler(self._not_served(name, response_cls), **options)
+            self._handlers[name] = handler
+
+    def _unary(self, serve, response_cls):
+        takes_context = serve.__name__ == "send_message"
+
+        async def call(request, context):
+            self.requests += 1
+            try:
+                caller = authenticate(self.ctx.acl, context)
+                self.sessions.get(caller.client_id, context.peer(), caller.language)
+                if takes_context:
+                    return await serve(request, caller, context)
+                return await serve(request, caller)
+            except Exception as exc:
+                return response_cls(status=status_for(exc))
+
+        return call
+
+    async def _receive_message(self, request, context):
+        self.requests += 1
+        try:
+            caller = authenticate(self.ctx.acl, context)
+            self.sessions.get(caller.client_id, context.peer(), caller.language)
+            answers = await self.receive.receive_message(request, caller)
+        except Exception as exc:
+            yield pb.ReceiveMessageResponse(status=status_for(exc))
+            return
+        for answer in answers:
+            yield answer
+        if answers:
+            yield pb.ReceiveMessageResponse(status=status(Code["OK"], "OK"))
+        else:
+            yield pb.ReceiveMessageResponse(status=status(Code["MESSAGE_NOT_FOUND"], "no new message"))
+
+    @staticmethod
+    def _not_served(name: str, response_cls):
+        async def call(request, context):
+            return response_cls(status=status(Code["NOT_IMPLEMENTED"], f"{name} is not served by halfmq"))
+
+        return call
+
+    @staticmethod
+    def _not_served_stream(name: str, response_cls):
+        async def call(request, context):
+            yield response_cls(status=status(Code["NOT_IMPLEMENTED"], f"{name} is not served by halfmq"))
+
+        return call
+
+    async def start(self, host: str, port: int, tls: tuple[bytes, bytes] | None) -> int:
+        """Listen on host:port (TLS with the given PEM certificate chain and key); returns the bound port.
+
+        Raises:
+            OSError: the port cannot be bound.
+        """
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+                                          ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
+                                          ("grpc.so_reuseport", 0)])
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, self._handlers),))
+        target = f"[{host}]:{port}" if ":" in host else f"{host or '0.0.0.0'}:{port}"
+        try:
+            if tls is None:
+                bound = server.add_insecure_port(target)
+            else:
+                bound = server.add_secure_port(target, grpc.ssl_server_credentials([(tls[1], tls[0])]))
+        except RuntimeError as exc:  # grpc reports a failed bind this way
+            raise OSError(f"cannot listen on {target}: {exc}") from None
+        if bound == 0:
+            raise OSError(f"cannot listen on {target}")
+        await server.start()
+        self._server = server
+        self.port = bound
+        self.ctx.store.add_arrival_listener(self.receive.on_arrival)
+        return bound
+
+    def expire_sessions(self) -> None:
+        """Forget clients without a telemetry stream that sent nothing for channelExpiredTimeout."""
+        cutoff = time.monotonic() - self.ctx.config.channelExpiredTimeout / 1000
+        for client_id, session in list(self.sessions.by_client.items()):
+            if not session.writable and not session.heard_since(cutoff):
+                self.sessions.terminated(client_id)
+
+    async def stop(self, grace_s: float) -> None:
+        self.receive.release_all()
+        self.sessions.close_all()
+        if self._server is not None:
+            await self._server.stop(grace_s)
+            self._server = None
+
+
+__all__ = ["GrpcEndpoint", "GrpcError"]
