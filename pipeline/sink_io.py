@@ -241,7 +241,9 @@ class SinkCheckListener:
         return _Resolved(winner)
 
 
-def _sink_producer(namesrv: str, group: str) -> tuple[TransactionProducer, SinkCheckListener]:
+def sink_producer(namesrv: str, group: str) -> tuple[TransactionProducer, SinkCheckListener]:
+    """A producer of the sink group answering check-backs (not started; close the listener after it). Running
+    one is how a dead job's undecided halves get resolved when no job of the group runs."""
     listener = SinkCheckListener(namesrv)
     producer = TransactionProducer(group, listener, namesrv, send_timeout=30.0)
     listener.bind(producer)
@@ -254,7 +256,7 @@ def send_halves(namesrv: str, group: str, tag: HalfTag, messages: Iterable[tuple
     """Store messages (each with the queue id it must go to, or None) as half messages, up to ``window`` in
     flight, reading ``messages`` as it goes. On failure the halves stored are rolled back and the error raised."""
     async def run() -> list[HalfRecord]:
-        producer, listener = _sink_producer(namesrv, group)
+        producer, listener = sink_producer(namesrv, group)
         sent: list[HalfRecord] = []
         failures: list[BaseException] = []
         slots = asyncio.Semaphore(window)
@@ -363,7 +365,7 @@ def commit_batch(namesrv: str, group: str, sink_id: str, batch_id: int, attempt:
     published, False if another attempt of the batch had already been (a streaming replay: its halves are rolled
     back). Raises SinkError if the attempt was rolled back first (a check found its owner gone)."""
     async def run() -> bool:
-        producer, listener = _sink_producer(namesrv, group)
+        producer, listener = sink_producer(namesrv, group)
         await producer.start()
         try:
             records = await listener.log.read(sink_id, batch_id)
@@ -395,7 +397,7 @@ def abort_batch(namesrv: str, group: str, sink_id: str, batch_id: int, attempt: 
     """Roll the attempt back: a rollback record first (so orphans of its failed tasks are answered ROLLBACK at
     once), then its halves. An attempt already decided COMMIT is left to its commit."""
     async def run() -> None:
-        producer, listener = _sink_producer(namesrv, group)
+        producer, listener = sink_producer(namesrv, group)
         await producer.start()
         try:
             records = await listener.log.read(sink_id, batch_id)

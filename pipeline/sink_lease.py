@@ -74,7 +74,7 @@ def end(pid: int | None, attempt: str) -> None:
 async def _hold(namesrv: str, group: str, attempt: str, watched: int) -> None:
     from halfmq.client import TransactionProducer
 
-    from .sink_io import _sink_producer, owner_group
+    from .sink_io import owner_group, sink_producer
 
     loop = asyncio.get_running_loop()
     stop = loop.create_future()
@@ -84,17 +84,17 @@ async def _hold(namesrv: str, group: str, attempt: str, watched: int) -> None:
     except ProcessLookupError:
         return
     loop.add_reader(fd, lambda: stop.done() or stop.set_result(None))
-    sink_producer, listener = _sink_producer(namesrv, group)
+    member, listener = sink_producer(namesrv, group)
     owner = TransactionProducer(owner_group(attempt), listener, namesrv)
     await owner.start()
-    await sink_producer.start()
+    await member.start()
     print(READY, flush=True)
     try:
         await stop
     finally:
         loop.remove_reader(fd)
         os.close(fd)
-        await sink_producer.close()
+        await member.close()
         await owner.close()
         await listener.close()
 
