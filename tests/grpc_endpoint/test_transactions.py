@@ -1,0 +1,88 @@
+"""Transactional messages over gRPC: EndTransaction from the producer, and orphan recovery pushed down the
+telemetry stream (RecoverOrphanedTransactionCommand) answered by the checker (EndTransaction, SERVER_CHECK)."""
+from __future__ import annotations
+
+import queue
+
+import pytest
+from rocketmq import FilterExpression, Producer, SimpleConsumer, TransactionChecker, TransactionResolution
+
+from halfmq.store import HalfStatus
+
+from .conftest import receive_all, wait_until
+from .test_produce_consume import message
+
+pytestmark = pytest.mark.grpc
+FAST_CHECKS = {"transactionTimeOut": 300, "transactionCheckInterval": 300}
+
+
+class Checker(TransactionChecker):
+    """Answers every check with ``resolution`` and reports each checked message."""
+
+    def __init__(self, resolution):
+        self.resolution = resolution
+        self.checked: queue.Queue = queue.Queue()
+
+    def check(self, msg):
+        self.checked.put(msg)
+        return self.resolution
+
+
+def half_states(broker) -> list[HalfStatus]:
+    return [state.status for _offset, state in broker.broker.store.iter_halves()]
+
+
+def consumer_of(grpc_broker, clients, topic: str, group: str) -> SimpleConsumer:
+    return clients(SimpleConsumer(grpc_broker.config(), group, {topic: FilterExpression("*")}, await_duration=1))
+
+
+@pytest.mark.parametrize("commit", [True, False])
+def test_commit_and_rollback_from_the_producer(grpc_broker, clients, commit):
+    producer = clients(Producer(grpc_broker.config(), ("Pay",), Checker(TransactionResolution.ROLLBACK)))
+    consumer = consumer_of(grpc_broker, clients, "Pay", "PayReaders")
+    transaction = producer.begin_transaction()
+    receipt = producer.send(message("Pay", b"charge 10"), transaction)
+    assert receipt.transaction_id
+    assert consumer.receive(32, 30) == []  # a half is not visible
+    if commit:
+        transaction.commit()
+        [got] = receive_all(consumer, 1)
+        assert (got.body, got.message_id) == (b"charge 10", receipt.message_id)
+    else:
+        transaction.rollback()
+        assert consumer.receive(32, 30) == []
+    assert half_states(grpc_broker) == [HalfStatus.COMMITTED if commit else HalfStatus.ROLLED_BACK]
+
+
+@pytest.mark.parametrize("resolution", [TransactionResolution.COMMIT, TransactionResolution.ROLLBACK])
+def test_unknown_transaction_is_resolved_by_the_checker(grpc_broker_factory, clients, resolution):
+    grpc_broker = grpc_broker_factory(**FAST_CHECKS)
+    checker = Checker(resolution)
+    producer = clients(Producer(grpc_broker.config(), ("Stock",), checker))
+    consumer = consumer_of(grpc_broker, clients, "Stock", "StockReaders")
+    receipt = producer.send(message("Stock", b"reserve 1", keys="sku-1"), producer.begin_transaction())
+    checked = checker.checked.get(timeout=20)  # neither committed nor rolled back: the broker asks
+    assert (checked.message_id, checked.body, checked.topic) == (receipt.message_id, b"reserve 1", "Stock")
+    if resolution == TransactionResolution.COMMIT:
+        [got] = receive_all(consumer, 1)
+        assert got.message_id == receipt.message_id
+    else:
+        wait_until(lambda: grpc_broker.broker.store.pending_halves_count() == 0)
+        assert consumer.receive(32, 30) == []
+    assert half_states(grpc_broker) == [HalfStatus.COMMITTED if resolution == TransactionResolution.COMMIT
+                                        else HalfStatus.ROLLED_BACK]
+
+
+def test_restarted_producer_recovers_an_open_transaction_through_its_checker(grpc_broker_factory, clients):
+    grpc_broker = grpc_broker_factory(transactionTimeOut=1500, transactionCheckInterval=60_000)
+    first = clients(Producer(grpc_broker.config(), ("Ship",), Checker(TransactionResolution.ROLLBACK)))
+    receipt = first.send(message("Ship", b"ship order 7"), first.begin_transaction())
+    first.shutdown()  # gone before deciding, and before its check was due
+    waiting = grpc_broker.broker.ctx.check_back.waiting_for_producer
+    wait_until(lambda: waiting.get("%GRPC%Ship"))  # checked with no producer of the topic alive: it waits
+    checker = Checker(TransactionResolution.COMMIT)
+    clients(Producer(grpc_broker.config(), ("Ship",), checker))  # its registration makes the half due now
+    assert checker.checked.get(timeout=20).message_id == receipt.message_id
+    consumer = consumer_of(grpc_broker, clients, "Ship", "Shippers")
+    [got] = receive_all(consumer, 1)
+    assert got.body == b"ship order 7"
