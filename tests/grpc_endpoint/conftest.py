@@ -95,3 +95,17 @@ def receive_all(consumer, count: int, invisible_s: int = 30, timeout: float = 20
             raise AssertionError(f"received {len(got)} of {count} messages within {timeout} s")
         got.extend(consumer.receive(32, invisible_s))
     return got
+
+
+def raw_call(endpoint: str, method: str, request, ak: str = "", sk: str = "", client_id: str = "raw-client@1"):
+    """One RPC with the official client's generated stub and signature metadata: the answer as the broker sent it
+    (the client's own classes fold the status codes into a few exception types)."""
+    import grpc
+    from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
+    from rocketmq.v5.util.signature import Signature
+
+    config = ClientConfiguration(endpoint, Credentials(ak, sk))
+    with grpc.insecure_channel(endpoint) as channel:
+        call = getattr(MessagingServiceStub(channel), method)
+        answer = call(request, metadata=Signature.metadata(config, client_id), timeout=10)
+        return list(answer) if method in ("ReceiveMessage", "PullMessage") else answer

@@ -1,0 +1,36 @@
+"""One store, both protocols: a message sent over gRPC is pulled by a remoting consumer and the other way round."""
+from __future__ import annotations
+
+import pytest
+from rocketmq import FilterExpression, Producer, SimpleConsumer
+
+from halfmq.client import BlockingProducer, BlockingPullConsumer, Message as RemotingMessage
+
+from .conftest import receive_all
+from .test_produce_consume import message
+
+pytestmark = pytest.mark.grpc
+
+
+def test_grpc_producer_to_remoting_pull_consumer(grpc_broker, clients):
+    producer = clients(Producer(grpc_broker.config(), ("Mixed",)))
+    receipt = producer.send(message("Mixed", b"from grpc", tag="T", keys="key-1", origin="v5"))
+    with BlockingPullConsumer("RemotingReaders", grpc_broker.broker.namesrv_addr) as consumer:
+        pulled = []
+        for queue in consumer.fetch_subscribe_queues("Mixed"):
+            pulled.extend(consumer.pull(queue, 0).messages)
+    [msg] = pulled
+    assert (msg.body, msg.tags, msg.keys, msg.properties["origin"], msg.msg_id) == (
+        b"from grpc", "T", "key-1", "v5", receipt.message_id)
+
+
+def test_remoting_producer_to_grpc_simple_consumer(grpc_broker, clients):
+    with BlockingProducer("RemotingSenders", grpc_broker.broker.namesrv_addr) as producer:
+        result = producer.send(RemotingMessage("Mixed4", b"from remoting", tags="R", keys="key-2",
+                                               properties={"origin": "v4"}))
+    consumer = clients(SimpleConsumer(grpc_broker.config(), "V5Readers", {"Mixed4": FilterExpression("R")},
+                                      await_duration=2))
+    [msg] = receive_all(consumer, 1)
+    assert (msg.body, msg.tag, msg.keys, msg.properties["origin"], msg.message_id) == (
+        b"from remoting", "R", {"key-2"}, "v4", result.msg_id)
+    consumer.ack(msg)
