@@ -212,6 +212,11 @@ class RouteService:
             backoff.multiplier = 2.0
         else:
             raise GrpcError(Code["UNRECOGNIZED_CLIENT_TYPE"], f"client type {kind} is not served")
-        reply.metric.on = False
+        reply.metric.Clear()
+        if kind == ClientType["PUSH_CONSUMER"]:
+            # The 5.1.2 Python push consumer registers gauges with its meter provider whatever the setting, and
+            # fails without one: it gets metrics on, exported here and discarded (server.py's metrics sink).
+            reply.metric.on = True
+            reply.metric.endpoints.CopyFrom(self.endpoints())
         session.settings = reply
         return pb.TelemetryCommand(status=ok(), settings=reply)

@@ -24,6 +24,15 @@ SESSION_SCAN_INTERVAL_S = 10.0
 _MAX_MESSAGE_BYTES = 64 << 20
 
 
+#: OpenTelemetry's metrics collector: push consumers export their client metrics to the endpoint they are given
+METRICS_SERVICE = "opentelemetry.proto.collector.metrics.v1.MetricsService"
+
+
+async def _discard_metrics(request: bytes, context) -> bytes:
+    """Client metrics are accepted and dropped (an empty ExportMetricsServiceResponse): the broker keeps its own."""
+    return b""
+
+
 class GrpcEndpoint:
     def __init__(self, ctx, send_processor):
         self.ctx = ctx
@@ -93,6 +102,9 @@ class GrpcEndpoint:
         for answer in answers:
             yield answer
         if answers:
+            delivered = pb.ReceiveMessageResponse()
+            delivered.delivery_timestamp.GetCurrentTime()  # when the broker handed them out (client latency metric)
+            yield delivered
             yield pb.ReceiveMessageResponse(status=status(Code["OK"], "OK"))
         else:
             yield pb.ReceiveMessageResponse(status=status(Code["MESSAGE_NOT_FOUND"], "no new message"))
@@ -120,7 +132,9 @@ class GrpcEndpoint:
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
                                           ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
                                           ("grpc.so_reuseport", 0)])
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, self._handlers),))
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, self._handlers),
+                                         grpc.method_handlers_generic_handler(METRICS_SERVICE, {
+                                             "Export": grpc.unary_unary_rpc_method_handler(_discard_metrics)})))
         target = f"[{host}]:{port}" if ":" in host else f"{host or '0.0.0.0'}:{port}"
         try:
             if tls is None:
