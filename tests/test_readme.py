@@ -181,7 +181,8 @@ BROKER_REWRITES = (
     (r"--storePathRootDir=\S+", "--storePathRootDir={tmp}/store", "a temp store"),
 )
 BROKER_ENV = {"HALFMQ_bindAddress": "127.0.0.1", "HALFMQ_listenPort": "0", "HALFMQ_namesrvListenPort": "0",
-              "HALFMQ_metricsPromExporterPort": "0", "HALFMQ_storePathRootDir": "{tmp}/store"}
+              "HALFMQ_metricsPromExporterPort": "0", "HALFMQ_storePathRootDir": "{tmp}/store",
+              "HALFMQ_grpcListenPort": "0"}
 
 
 def rewrite(command: str, rules, **values: str) -> str:
