@@ -3,7 +3,6 @@ Python workers are separate processes, so nothing here is opened before it is ne
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import queue
 import threading
@@ -37,6 +36,8 @@ FILTERED_CHUNK = 16 * PULL_BATCH
 #: Chunks being pulled while the one before them is handed to Spark, so the broker is already serving the next
 #: pulls while this task decodes and Spark consumes.
 CHUNKS_AHEAD = 2
+#: How long a task waits for one pull's answer by default: Kafka's default poll timeout (spark.network.timeout).
+DEFAULT_PULL_TIMEOUT_S = 120.0
 
 
 class QueueBounds(NamedTuple):
@@ -96,7 +97,7 @@ class RangeRead:
 
     tags: str = "*"
     fail_on_data_loss: bool = True
-    pull_timeout_s: float = 120.0
+    pull_timeout_s: float = DEFAULT_PULL_TIMEOUT_S
 
 
 def _lost(queue: MessageQueue, start: int, end: int, why: str, read: RangeRead) -> None:
@@ -231,16 +232,3 @@ def transaction_records(namesrv: str, page_size: int | None = None) -> Iterator[
         loop.run_until_complete(pages.aclose())
         loop.run_until_complete(admin.close())
         loop.close()
-
-
-def parse_offsets(text: str | None, default: str) -> str | dict[str, dict[int, int]]:
-    """"earliest", "latest" or JSON {"topic": {"queueId": offset}}."""
-    value = (text or default).strip()
-    if value in ("earliest", "latest"):
-        return value
-    try:
-        raw = json.loads(value)
-        return {topic: {int(q): int(o) for q, o in queues.items()} for topic, queues in raw.items()}
-    except (ValueError, AttributeError, TypeError):
-        raise ValueError(f"offsets {value!r} are not earliest, latest or JSON like {{\"topic\": {{\"0\": 42}}}}") \
-            from None

@@ -7,6 +7,7 @@ import json
 import re
 from dataclasses import dataclass
 
+from .broker_io import DEFAULT_PULL_TIMEOUT_S
 from .options import OptionError, namesrv_option
 
 #: Kafka's special offsets in the JSON form of startingOffsets / endingOffsets.
@@ -16,8 +17,6 @@ _DURATION = re.compile(r"\s*(\d+)\s*(us|ms|s|m|min|h|d)?\s*", re.IGNORECASE)
 _UNIT_MS = {"us": 0.001, "ms": 1, None: 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
 #: Kafka's maxTriggerDelay default.
 DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60_000
-#: How long a task waits for one pull's answer unless kafkaConsumer.pollTimeoutMs says otherwise.
-DEFAULT_POLL_TIMEOUT_MS = 120_000
 _SELECTORS = ("subscribe", "subscribePattern", "assign")
 _ENDING = ("endingOffsets", "endingOffsetsByTimestamp", "endingTimestamp")
 
@@ -49,7 +48,7 @@ class SourceOptions:
     min_partitions: int | None = None
     fail_on_data_loss: bool = True
     tags: str = "*"
-    poll_timeout_s: float = DEFAULT_POLL_TIMEOUT_MS / 1000
+    poll_timeout_s: float = DEFAULT_PULL_TIMEOUT_S
 
 
 def source_options(options: dict[str, str], streaming: bool) -> SourceOptions:
@@ -78,7 +77,12 @@ def source_options(options: dict[str, str], streaming: bool) -> SourceOptions:
         min_partitions=_count(options, "minPartitions"),
         fail_on_data_loss=_boolean(options, "failOnDataLoss", True),
         tags=options.get("tags", "*") or "*",
-        poll_timeout_s=(_count(options, "kafkaConsumer.pollTimeoutMs") or DEFAULT_POLL_TIMEOUT_MS) / 1000)
+        poll_timeout_s=_poll_timeout_s(options))
+
+
+def _poll_timeout_s(options: dict[str, str]) -> float:
+    timeout_ms = _count(options, "kafkaConsumer.pollTimeoutMs")
+    return DEFAULT_PULL_TIMEOUT_S if timeout_ms is None else timeout_ms / 1000
 
 
 def _topics(text: str) -> tuple[str, ...]:
