@@ -2,11 +2,13 @@
 telemetry stream (RecoverOrphanedTransactionCommand) answered by the checker (EndTransaction, SERVER_CHECK)."""
 from __future__ import annotations
 
+import asyncio
 import queue
 
 import pytest
 from rocketmq import FilterExpression, Producer, SimpleConsumer, TransactionChecker, TransactionResolution
 
+from halfmq.client import LocalTransactionState, Message as RemotingMessage, TransactionProducer
 from halfmq.store import HalfStatus
 
 from .conftest import receive_all, wait_until
@@ -86,3 +88,32 @@ def test_restarted_producer_recovers_an_open_transaction_through_its_checker(grp
     consumer = consumer_of(grpc_broker, clients, "Ship", "Shippers")
     [got] = receive_all(consumer, 1)
     assert got.body == b"ship order 7"
+
+
+class RemotingListener:
+    """A 4.x producer's listener: leaves its transaction open, and reports each check it gets."""
+
+    def __init__(self):
+        self.checked: queue.Queue = queue.Queue()
+
+    def execute_local_transaction(self, msg, arg):
+        return LocalTransactionState.UNKNOW
+
+    def check_local_transaction(self, msg):
+        self.checked.put(msg.body)
+        return LocalTransactionState.COMMIT_MESSAGE
+
+
+async def test_each_half_is_checked_over_the_protocol_it_came_in_on(grpc_broker_factory, clients):
+    grpc_broker = grpc_broker_factory(transactionTimeOut=300, transactionCheckInterval=30_000)  # one check each
+    v5_checker = Checker(TransactionResolution.COMMIT)
+    v5 = clients(Producer(grpc_broker.config(), ("Both",), v5_checker))
+    listener = RemotingListener()
+    async with TransactionProducer("BothPG", listener, grpc_broker.broker.namesrv_addr) as v4:
+        await v4.send_message_in_transaction(RemotingMessage("Both", b"from v4"))
+        await asyncio.to_thread(v5.send, message("Both", b"from v5"), v5.begin_transaction())
+        assert await asyncio.to_thread(listener.checked.get, timeout=20) == b"from v4"
+        assert (await asyncio.to_thread(v5_checker.checked.get, timeout=20)).body == b"from v5"
+        await asyncio.to_thread(wait_until, lambda: grpc_broker.broker.store.pending_halves_count() == 0)
+    # each side was asked about its own half only
+    assert listener.checked.empty() and v5_checker.checked.empty()
