@@ -71,6 +71,9 @@ class SendService:
             raise GrpcError(Code["MESSAGE_BODY_TOO_LARGE"], f"the message body size {len(msg.body)} is larger "
                                                             f"than maxMessageSize {ctx.config.maxMessageSize}")
         rec = to_record(msg, born_host, ctx.store_host)
+        if len(rec.body) > ctx.config.maxMessageSize:  # a gzip body is bounded once decompressed too
+            raise GrpcError(Code["MESSAGE_BODY_TOO_LARGE"], f"the decompressed body size {len(rec.body)} is larger "
+                                                            f"than maxMessageSize {ctx.config.maxMessageSize}")
         props = rec.properties
         transactional = props.get(P.TRAN_MSG) == "true"
         group = transaction_group(topic) if transactional else None
@@ -95,7 +98,12 @@ class SendService:
             result, state = await ctx.transactions.prepare(rec, group, session)
             entry.transaction_id = transaction_id(result.physical_offset, state.queue_offset)
         else:
-            result = await self.send_processor.submit_message(rec)
+            try:
+                result = await self.send_processor.submit_message(rec)
+            except BrokerError as exc:
+                if P.TIMER_DELIVER_MS in props:  # beyond timerMaxDelaySec, or not a time: the reference's code
+                    raise GrpcError(Code["ILLEGAL_DELIVERY_TIME"], exc.remark) from None
+                raise
             if ctx.metrics is not None:
                 ctx.metrics.message_in(topic, size)
         entry.message_id = props.get(P.UNIQ_KEY, "")

@@ -98,3 +98,30 @@ def test_push_consumer_gets_a_fifo_group_in_order(grpc_broker, clients):
     for group in (0, 1):
         mine = [b for b in bodies if b % 2 == group]
         assert mine == sorted(mine), bodies
+
+
+def test_send_refusals_answer_the_reference_codes(grpc_broker_factory):
+    from rocketmq.grpc_protocol import Encoding, MessageType, SendMessageRequest
+    broker = grpc_broker_factory(timerMaxDelaySec=60)
+
+    def send(**system):
+        request = SendMessageRequest()
+        msg = request.messages.add()
+        msg.topic.name, msg.body = "Refusals", b"x"
+        msg.system_properties.message_id = "01TEST"
+        msg.system_properties.body_encoding = Encoding.IDENTITY
+        msg.system_properties.message_type = system.pop("message_type", MessageType.NORMAL)
+        for key, value in system.items():
+            if key == "delivery_timestamp":
+                msg.system_properties.delivery_timestamp.seconds = value
+            else:
+                setattr(msg.system_properties, key, value)
+        return raw_call(broker.endpoint, "SendMessage", request).status.code
+
+    assert send() == Code.OK
+    assert send(message_type=MessageType.DELAY, delivery_timestamp=int(time.time()) + 3600) == Code.ILLEGAL_DELIVERY_TIME
+    assert send(message_type=MessageType.FIFO) == Code.ILLEGAL_MESSAGE_GROUP          # FIFO without a group
+    assert send(message_group="g") == Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE         # a group on a NORMAL message
+    broker.call(broker.broker.ctx.topics.put(TopicConfig("Refusals", 4, 4, message_type="FIFO")))
+    assert send() == Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE                           # the topic declares FIFO
+    assert send(message_type=MessageType.FIFO, message_group="g") == Code.OK
