@@ -6,6 +6,7 @@ import time
 
 import pytest
 from rocketmq import ClientConfiguration, Credentials
+from rocketmq.grpc_protocol.definition_pb2 import Metric
 
 from tests.support.broker_thread import BrokerThread
 
@@ -75,6 +76,8 @@ def clients():
     for client in reversed(started):
         if client.is_running:
             client.shutdown()
+        # shutdown() leaves a push consumer's metrics exporter running (client 5.1.2): metrics off stops it
+        client.client_metrics.reset_metrics(Metric(on=False))
 
 
 def wait_until(predicate, timeout: float = 20.0, interval: float = 0.05):
