@@ -125,3 +125,30 @@ def test_send_refusals_answer_the_reference_codes(grpc_broker_factory):
     broker.call(broker.broker.ctx.topics.put(TopicConfig("Refusals", 4, 4, message_type="FIFO")))
     assert send() == Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE                           # the topic declares FIFO
     assert send(message_type=MessageType.FIFO, message_group="g") == Code.OK
+
+
+WITHOUT_GRPC = """
+import sys
+sys.modules["grpc"] = None  # as if the grpc extra were not installed
+from halfmq.broker.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_without_the_grpc_extra_the_broker_serves_remoting_and_says_why(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", WITHOUT_GRPC, "broker", "--bindAddress=127.0.0.1", "--listenPort=0",
+                             "--namesrvListenPort=-1", "--metricsPromExporterPort=-1", "--grpcListenPort=0",
+                             f"--storePathRootDir={tmp_path / 'store'}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if "halfmq ready" in line:
+                break
+        output = "".join(lines)
+        assert "halfmq ready" in output and "grpc -" in output, output
+        assert "RocketMQ 5 (gRPC) clients are not served" in output and "halfmq[grpc]" in output, output
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0
