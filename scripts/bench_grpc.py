@@ -11,7 +11,6 @@ and the ratio.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 import time

@@ -308,7 +308,7 @@ class ReceiveService:
             items.append((group, topic, queue_id, queue_offset, version))
             slots.append(result)
         errors = await self.store.submit(AckReceipts(items)) if items else []
-        for result, error in zip(slots, errors):
+        for result, error in zip(slots, errors, strict=True):
             result.status.CopyFrom(ok() if error is None else status(Code["INVALID_RECEIPT_HANDLE"], str(error)))
         for queue_id in sorted({item[2] for item in items}):
             self._commit_progress(group, topic, queue_id)
