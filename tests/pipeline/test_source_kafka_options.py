@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from datetime import datetime
 
 import pytest
 from pyspark.errors import PySparkException
@@ -33,6 +34,11 @@ def stream(spark, broker, name, **options):
     """A stream into a memory table ``name``, every 50 ms; stopped by the caller."""
     return (source(spark, broker, **options).writeStream.format("memory").queryName(name)
             .trigger(processingTime="50 milliseconds").start())
+
+
+def rows_read(query):
+    """Rows the query's batches read (its recent progress: no Spark job)."""
+    return sum(p["numInputRows"] for p in query.recentProgress)
 
 
 def bodies(spark, table):
@@ -114,11 +120,13 @@ def test_timestamps_start_and_end_reads(spark, live_broker, tmp_path):
 
 
 def test_min_offsets_per_trigger_waits_for_enough_messages_or_max_trigger_delay(spark, live_broker):
+    # Idle triggers report their progress every second (not every 10 s), so the test sees the source waiting sooner.
+    spark.conf.set("spark.sql.streaming.noDataProgressEventInterval", "1s")
     send(live_broker, "MinT", ["x0", "x1"])
     query = stream(spark, live_broker, "min_stream", subscribe="MinT", startingOffsets="earliest",
                    minOffsetsPerTrigger="5", maxTriggerDelay="1h")
     try:
-        wait_until(lambda: len(bodies(spark, "min_stream")) == 2, what="the first batch (Kafka: never delayed)")
+        wait_until(lambda: rows_read(query) == 2, what="the first batch (Kafka: never delayed)")
         send(live_broker, "MinT", ["x2", "x3", "x4"])  # 3 < 5 waiting: no batch for an hour
 
         def seen_waiting():  # the source saw the 3 new messages (its latest offset) and planned no batch
@@ -126,24 +134,25 @@ def test_min_offsets_per_trigger_waits_for_enough_messages_or_max_trigger_delay(
             return progress and sum(v for q in json.loads(progress["sources"][0]["latestOffset"] or "{}")
                                     .values() for v in q.values()) == 5
         wait_until(seen_waiting, what="a trigger that saw the waiting messages")
-        assert len(bodies(spark, "min_stream")) == 2
+        assert rows_read(query) == 2
         send(live_broker, "MinT", ["x5", "x6"])  # 5 waiting
-        wait_until(lambda: len(bodies(spark, "min_stream")) == 7, what="the batch of 5")
-        batches = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
-        assert batches == [2, 5]
+        wait_until(lambda: rows_read(query) == 7, what="the batch of 5")
+        assert [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]] == [2, 5]
     finally:
         query.stop()
     send(live_broker, "MinDelayT", ["y0"])
     query = stream(spark, live_broker, "delay_stream", subscribe="MinDelayT", startingOffsets="earliest",
-                   minOffsetsPerTrigger="100", maxTriggerDelay="1s")
+                   minOffsetsPerTrigger="100", maxTriggerDelay="3s")
     try:
-        wait_until(lambda: len(bodies(spark, "delay_stream")) == 1, what="the first batch")
-        sent = time.monotonic()
-        send(live_broker, "MinDelayT", ["y1"])  # 1 < 100: it waits for maxTriggerDelay, then goes
-        wait_until(lambda: len(bodies(spark, "delay_stream")) == 2, what="the delayed batch")
-        assert time.monotonic() - sent >= 0.5
+        wait_until(lambda: rows_read(query) == 1, what="the first batch")
+        send(live_broker, "MinDelayT", ["y1"])  # 1 < 100: it waits for maxTriggerDelay after the first, then goes
+        wait_until(lambda: rows_read(query) == 2, what="the delayed batch")
+        first, second = (datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00"))
+                         for p in query.recentProgress if p["numInputRows"])
+        assert (second - first).total_seconds() >= 2.9
     finally:
         query.stop()
+        spark.conf.unset("spark.sql.streaming.noDataProgressEventInterval")
 
 
 def test_query_progress_shows_the_latest_offsets_so_the_lag(spark, live_broker, tmp_path):
