@@ -141,3 +141,24 @@ def test_receipts_survive_a_restart(grpc_broker, clients):
     assert (again.body, again.delivery_attempt) == (b"two", 2)
     consumer.ack(again)
     assert consumer.receive(32, 30) == []
+
+
+def test_forward_to_dead_letter_queue_moves_a_received_message(grpc_broker, clients):
+    from rocketmq.grpc_protocol import Code, ForwardMessageToDeadLetterQueueRequest
+
+    from .conftest import raw_call
+    producer = clients(Producer(grpc_broker.config(), ("Doomed",)))
+    producer.send(message("Doomed", b"doomed"))
+    consumer = clients(SimpleConsumer(grpc_broker.config(), "Giveup", {"Doomed": FilterExpression("*")},
+                                      await_duration=2))
+    [msg] = receive_all(consumer, 1)
+    request = ForwardMessageToDeadLetterQueueRequest()
+    request.group.name, request.topic.name = "Giveup", "Doomed"
+    request.receipt_handle, request.message_id = msg.receipt_handle, msg.message_id
+    request.delivery_attempt, request.max_delivery_attempts = 1, 1
+    assert raw_call(grpc_broker.endpoint, "ForwardMessageToDeadLetterQueue", request).status.code == Code.OK
+    assert raw_call(grpc_broker.endpoint, "ForwardMessageToDeadLetterQueue", request).status.code == \
+        Code.INVALID_RECEIPT_HANDLE  # done once: the receipt is gone
+    assert grpc_broker.broker.store.max_offset("%DLQ%Giveup", 0) == 1
+    with pytest.raises(BadRequestException):
+        consumer.ack(msg)
