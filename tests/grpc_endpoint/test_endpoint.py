@@ -152,3 +152,10 @@ def test_without_the_grpc_extra_the_broker_serves_remoting_and_says_why(tmp_path
     finally:
         proc.terminate()
         assert proc.wait(30) == 0
+
+
+async def test_a_grpc_port_in_use_is_a_start_error_naming_the_key(grpc_broker, broker_factory, tmp_path):
+    from halfmq.broker.server import StartError
+    port = grpc_broker.broker.grpc_port
+    with pytest.raises(StartError, match=f"grpcListenPort={port}"):
+        await broker_factory(store_dir=tmp_path / "second", grpcListenPort=port)
