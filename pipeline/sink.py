@@ -46,13 +46,13 @@ class _Writing:
         if self.immunity < 1:
             raise OptionError(f"option 'checkImmunitySeconds' {text!r} is not a whole number of seconds >= 1")
         self.attempt = uuid.uuid4().hex
-        self.lease_pid: int | None = None
+        self.owner: str | None = None
 
     def __getstate__(self):
         # Spark pickles the writer on the driver to ship it to the tasks (and, for a batch, to the commit): the
-        # attempt starts then, with its owner process.
-        if self.lease_pid is None:
-            self.lease_pid = sink_lease.start(self.namesrv, self.group, self.attempt)
+        # attempt starts then, so the driver's owner process must be running.
+        if self.owner is None:
+            self.owner = sink_lease.ensure(self.namesrv, self.group)
         return self.__dict__
 
     def __setstate__(self, state):
@@ -98,30 +98,27 @@ class HalfmqWriter(_Writing, DataSourceWriter):
     """A batch write: published all at once by commit(), or not at all."""
 
     def write(self, iterator) -> HalfmqCommit:
-        tag = sink_io.HalfTag(self.sink_id or f"write-{self.attempt}", 0, self.attempt, self._task())
+        tag = sink_io.HalfTag(self._batch_sink_id(), 0, self.attempt, self._task(), self.owner)
         return self._write(iterator, tag)
 
+    def _batch_sink_id(self) -> str:
+        return self.sink_id or f"write-{self.attempt}"
+
     def commit(self, messages) -> None:
-        tag, tasks, halves = self._collect(messages)
-        try:
-            if tag is not None:
-                sink_io.commit_batch(self.namesrv, self.group, tag.sink_id, 0, self.attempt, tasks, halves)
-        finally:
-            sink_lease.end(self.lease_pid, self.attempt)
+        _tag, tasks, halves = self._collect(messages)
+        if halves:
+            sink_io.commit_batch(self.namesrv, self.group, self._batch_sink_id(), 0, self.attempt, tasks, halves)
 
     def abort(self, messages) -> None:
-        tag, _tasks, halves = self._collect(messages)
-        try:
-            sink_io.abort_batch(self.namesrv, self.group, tag.sink_id if tag else self.sink_id or
-                                f"write-{self.attempt}", 0, self.attempt, halves)
-        finally:
-            sink_lease.end(self.lease_pid, self.attempt)
+        _tag, _tasks, halves = self._collect(messages)
+        sink_io.abort_batch(self.namesrv, self.group, self._batch_sink_id(), 0, self.attempt, halves)
 
 
 class HalfmqStreamWriter(_Writing, DataSourceStreamWriter):
     """A micro-batch is published exactly once, across driver crashes and restarts from the checkpoint: its
     sink id (option ``sinkId``, else the query's id, which the checkpoint keeps) and batch id name it in the
-    decision log, and a replayed batch whose first run was decided COMMIT is rolled back."""
+    decision log, and a replayed batch whose first run was decided COMMIT is rolled back. (Spark makes a writer,
+    hence an attempt, per micro-batch run.)"""
 
     def write(self, iterator) -> HalfmqCommit:
         from pyspark import TaskContext
@@ -131,7 +128,7 @@ class HalfmqStreamWriter(_Writing, DataSourceStreamWriter):
         batch = ctx and ctx.getLocalProperty(_BATCH_ID)
         if not sink_id or batch is None:
             raise OptionError("the halfmq stream writer runs outside a streaming query's task (no query id)")
-        return self._write(iterator, sink_io.HalfTag(sink_id, int(batch), self.attempt, self._task()))
+        return self._write(iterator, sink_io.HalfTag(sink_id, int(batch), self.attempt, self._task(), self.owner))
 
     def commit(self, messages, batchId: int) -> None:
         tag, tasks, halves = self._collect(messages)

@@ -24,13 +24,14 @@ COMMIT, ROLLBACK, UNKNOWN = (LocalTransactionState.COMMIT_MESSAGE, LocalTransact
 #: The system topic holding the decision records (one queue of it: queue 0 of the first broker).
 SINK_COMMITS_TOPIC = "HALFMQ_SINK_COMMITS"
 DEFAULT_GROUP = "halfmq-spark-sink"
-#: A sink attempt's owner (sink_lease.py) registers as a producer of this group + the attempt id while it lives.
+#: The owner of a driver's attempts (sink_lease.py) is a producer of this group + its owner id while it lives.
 OWNER_GROUP_PREFIX = "HALFMQ_SINK_OWNER_"
 #: Properties every sink half carries: what identifies its row and the attempt and task attempt it belongs to.
 IDEMPOTENCY_KEY = "HALFMQ_IDEMPOTENCY_KEY"
-SINK_ID, SINK_BATCH, SINK_ATTEMPT, SINK_TASK = "HALFMQ_SINK_ID", "HALFMQ_SINK_BATCH", "HALFMQ_SINK_ATTEMPT", \
-    "HALFMQ_SINK_TASK"
-SINK_PROPERTIES = frozenset({IDEMPOTENCY_KEY, SINK_ID, SINK_BATCH, SINK_ATTEMPT, SINK_TASK})
+SINK_ID, SINK_BATCH, SINK_ATTEMPT, SINK_TASK, SINK_OWNER = ("HALFMQ_SINK_ID", "HALFMQ_SINK_BATCH",
+                                                          "HALFMQ_SINK_ATTEMPT", "HALFMQ_SINK_TASK",
+                                                          "HALFMQ_SINK_OWNER")
+SINK_PROPERTIES = frozenset({IDEMPOTENCY_KEY, SINK_ID, SINK_BATCH, SINK_ATTEMPT, SINK_TASK, SINK_OWNER})
 #: Halves in flight per task (each a two-way send_half) and decisions in flight per commit.
 SEND_WINDOW = 256
 DECIDE_WINDOW = 256
@@ -50,13 +51,15 @@ class HalfTag:
 
     sink_id: str
     batch_id: int
-    attempt: str  # the writer's id: one per batch write, one per run of a streaming query
+    attempt: str  # the writer's id: one per batch write or micro-batch run
     task: str     # "<partition>.<task attempt number>"
+    owner: str    # the id of the driver's owner process (sink_lease.py)
 
     def properties(self, row: int) -> dict[str, str]:
         partition = self.task.split(".", 1)[0]
         return {IDEMPOTENCY_KEY: f"{self.sink_id}:{self.batch_id}:{partition}:{row}", SINK_ID: self.sink_id,
-                SINK_BATCH: str(self.batch_id), SINK_ATTEMPT: self.attempt, SINK_TASK: self.task}
+                SINK_BATCH: str(self.batch_id), SINK_ATTEMPT: self.attempt, SINK_TASK: self.task,
+                SINK_OWNER: self.owner}
 
 
 #: What a task hands the driver for each half it stored: topic, broker name, queue id, queue offset, msg id,
@@ -64,8 +67,8 @@ class HalfTag:
 HalfRecord = tuple[str, str, int, int, str, str]
 
 
-def owner_group(attempt: str) -> str:
-    return OWNER_GROUP_PREFIX + attempt
+def owner_group(owner: str) -> str:
+    return OWNER_GROUP_PREFIX + owner
 
 
 # --- the decision log ---
@@ -152,11 +155,11 @@ class DecisionLog:
                                          keys=batch_key(sink_id, batch_id)), await self._log_queue())
 
 
-async def owner_alive(admin: Admin, attempt: str) -> bool | None:
-    """Whether the attempt's owner (sink_lease.py, alive as long as the Spark driver) is connected; None when the
+async def owner_alive(admin: Admin, owner: str) -> bool | None:
+    """Whether an owner process (sink_lease.py, alive as long as its Spark driver) is connected; None when the
     broker cannot tell."""
     try:
-        return bool(await admin.producer_connections(owner_group(attempt)))
+        return bool(await admin.producer_connections(owner_group(owner)))
     except BrokerError as exc:
         if exc.code == ResponseCode.SYSTEM_ERROR and "not online" in (exc.remark or ""):
             return False
@@ -203,8 +206,8 @@ class SinkCheckListener:
     async def check_local_transaction(self, msg) -> LocalTransactionState:
         props = msg.properties
         try:
-            sink_id, batch_id, attempt, task = (props[SINK_ID], int(props[SINK_BATCH]), props[SINK_ATTEMPT],
-                                                props[SINK_TASK])
+            sink_id, batch_id, attempt, task, owner = (props[SINK_ID], int(props[SINK_BATCH]), props[SINK_ATTEMPT],
+                                                       props[SINK_TASK], props[SINK_OWNER])
         except (KeyError, ValueError):
             # A half of this group without the sink's properties: written by a sink before the decision log
             # (whose job is long gone), or by something else using the group: it cannot be published safely.
@@ -213,7 +216,7 @@ class SinkCheckListener:
         key = (sink_id, batch_id, attempt)
         task_future = self._resolving.get(key)
         if task_future is None:
-            task_future = asyncio.get_running_loop().create_task(self._resolve(sink_id, batch_id, attempt))
+            task_future = asyncio.get_running_loop().create_task(self._resolve(sink_id, batch_id, attempt, owner))
             self._resolving[key] = task_future
             task_future.add_done_callback(lambda f, k=key: self._forget_unless_final(k, f))
         resolved = await asyncio.shield(task_future)
@@ -228,10 +231,10 @@ class SinkCheckListener:
         elif len(self._resolving) > 10_000:  # a long-lived owner: keep the memory bounded
             self._resolving.clear()
 
-    async def _resolve(self, sink_id: str, batch_id: int, attempt: str) -> _Resolved | None:
+    async def _resolve(self, sink_id: str, batch_id: int, attempt: str, owner: str) -> _Resolved | None:
         records = await self.log.read(sink_id, batch_id)
         if half_verdict(records, attempt, "") is None:
-            if await owner_alive(self.admin, attempt) is not False:
+            if await owner_alive(self.admin, owner) is not False:
                 return None
             log.info("sink attempt %s of batch %s: its owner is gone and nothing was decided: rolling it back",
                      attempt, batch_key(sink_id, batch_id))

@@ -87,19 +87,19 @@ def check_answer(broker, tag: HalfTag) -> sink_io.LocalTransactionState:
 
 def test_check_answers_come_from_the_decision_log_and_the_owners_liveness(live_broker):
     namesrv = live_broker.namesrv_addr
-    committed = HalfTag("s1", 3, "A", "0.0")
+    committed = HalfTag("s1", 3, "A", "0.0", "OWNER-A")
     run_with_log(live_broker, lambda _p, _a, log: log.append("s1", 3, Decision("A", True, frozenset({"0.0"}))))
     assert check_answer(live_broker, committed) is C
-    assert check_answer(live_broker, HalfTag("s1", 3, "A", "0.1")) is R  # not the task attempt that won
-    assert check_answer(live_broker, HalfTag("s1", 3, "B", "0.0")) is R  # a replay: another attempt won
+    assert check_answer(live_broker, HalfTag("s1", 3, "A", "0.1", "OWNER-A")) is R  # not the task attempt that won
+    assert check_answer(live_broker, HalfTag("s1", 3, "B", "0.0", "OWNER-B")) is R  # a replay: another attempt won
 
-    async def hold_owner(attempt, then):
-        async with TransactionProducer(sink_io.owner_group(attempt), sink_io.SinkCheckListener(namesrv), namesrv):
+    async def hold_owner(owner, then):
+        async with TransactionProducer(sink_io.owner_group(owner), sink_io.SinkCheckListener(namesrv), namesrv):
             return await asyncio.to_thread(then)
 
-    undecided = HalfTag("s2", 0, "LIVE", "0.0")
+    undecided = HalfTag("s2", 0, "LIVE", "0.0", "DRIVER")
     # Undecided and the owner connected: a long job's half stays pending, whatever its age.
-    assert asyncio.run(hold_owner("LIVE", lambda: check_answer(live_broker, undecided))) is sink_io.UNKNOWN
+    assert asyncio.run(hold_owner("DRIVER", lambda: check_answer(live_broker, undecided))) is sink_io.UNKNOWN
     # The owner gone: a rollback record first, then ROLLBACK; a late commit of that attempt loses.
     assert check_answer(live_broker, undecided) is R
     records = run_with_log(live_broker, lambda _p, _a, log: log.read("s2", 0))

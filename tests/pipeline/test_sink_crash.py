@@ -85,13 +85,14 @@ def settle(broker, timeout: float = 120) -> None:
 class Driver:
     """This file as a Spark driver script, in a session of its own; its output lines are collected."""
 
-    def __init__(self, tmp_path: Path, *args: str):
+    def __init__(self, tmp_path: Path, mode: str, namesrv: str, *args: str):
+        self.namesrv = namesrv
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1",
                "PYTHONPATH": str(ROOT)}
         self.err_path = tmp_path / f"driver-{time.monotonic_ns()}.err"
         with open(self.err_path, "wb") as err:
-            self.proc = subprocess.Popen([sys.executable, __file__, *args], stdout=subprocess.PIPE, stderr=err,
-                                         start_new_session=True, env=env, text=True)
+            self.proc = subprocess.Popen([sys.executable, __file__, mode, namesrv, *args], stdout=subprocess.PIPE,
+                                         stderr=err, start_new_session=True, env=env, text=True)
         self.lines: list[str] = []
         self.changed = threading.Condition()
         threading.Thread(target=self._read, daemon=True).start()
@@ -149,19 +150,21 @@ class Driver:
 
     def _reap_tree(self) -> None:
         # The sink's owner process left the driver's tree on purpose; it ends when it sees the JVM gone.
-        wait_until(lambda: not _owners(), 60, "the sink's owner processes to end", 0.05)
+        wait_until(lambda: not _owners(self.namesrv), 60, "the sink's owner process to end", 0.05)
 
 
-def _owners() -> list[int]:
+def _owners(namesrv: str) -> list[int]:
+    """The sink owner processes of this test's broker (another test run may have its own)."""
     found = []
     for name in os.listdir("/proc"):
         if name.isdigit():
             try:
                 with open(f"/proc/{name}/cmdline", "rb") as f:
-                    if b"halfmq.pipeline.sink_lease" in f.read():
-                        found.append(int(name))
+                    args = f.read().split(b"\0")
             except OSError:
-                pass
+                continue
+            if b"halfmq.pipeline.sink_lease" in args and namesrv.encode() in args:
+                found.append(int(name))
     return found
 
 
