@@ -1,4 +1,5 @@
-"""Rows/s from the broker into Spark, against the same run's parquet read of the same rows.
+"""Rows/s from the broker into Spark, against the same run's parquet read of the same rows (with --sink: rows/s from
+Spark into the broker through the halfmq sink, against the same run's parquet write of the same rows).
 
 Source: a batch read of a pre-filled topic into the `noop` sink; reference: a parquet copy of those rows (written
 once, in the same run) read into `noop`. Passes alternate between the two so both see the same machine noise; the
@@ -87,6 +88,42 @@ def bench_source(spark, namesrv: str, total: int, args) -> None:
           f"parquet_rows_per_s={parquet_rate:,.0f} ratio={source_rate / parquet_rate:.2f}", flush=True)
 
 
+def bench_sink(spark, namesrv: str, args) -> None:
+    """The halfmq sink against a parquet write of the same rows, alternating, medians and their ratio."""
+    from pyspark.sql import functions as F
+
+    rows = args.messages
+    padding = "x" * max(0, args.size - 12)
+    df = spark.range(0, rows, numPartitions=2).select(
+        F.concat(F.col("id").cast("string"), F.lit(padding)).cast("binary").alias("body")).cache()
+    df.count()  # the rows are made once: both writes read them from memory
+    sink = df.write.format("halfmq").option("namesrv", namesrv).option("topic", "SinkBench").mode("append")
+    with tempfile.TemporaryDirectory(prefix="halfmq-bench-parquet-") as folder:
+        df.write.mode("overwrite").parquet(folder)  # warm-up (JVM, Python workers)
+        sink.save()
+        sink_rates, parquet_rates = [], []
+        for number in range(1, args.passes + 1):
+            sink_rates.append(rows / timed(sink.save))
+            parquet_rates.append(rows / timed(lambda: df.write.mode("overwrite").parquet(folder)))
+            print(f"pass {number}: sink {sink_rates[-1]:,.0f} rows/s, parquet write {parquet_rates[-1]:,.0f} rows/s",
+                  flush=True)
+    sink_rate, parquet_rate = statistics.median(sink_rates), statistics.median(parquet_rates)
+    print(f"SUMMARY mode=sink rows={rows} size={args.size} passes={args.passes} sink_rows_per_s={sink_rate:,.0f} "
+          f"parquet_write_rows_per_s={parquet_rate:,.0f} ratio={sink_rate / parquet_rate:.2f}", flush=True)
+
+
+def run_sink(args, namesrv: str) -> None:
+    from halfmq.pipeline import register
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.driver.bindAddress", "127.0.0.1").getOrCreate())
+    register(spark)
+    bench_sink(spark, namesrv, args)
+    spark.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=300_000)
@@ -94,6 +131,8 @@ def main() -> None:
     parser.add_argument("--queues", type=int, default=4)
     parser.add_argument("--passes", type=int, default=3, help="timed passes after the warm-up")
     parser.add_argument("--min-partitions", type=int, default=0, help="the source's minPartitions (0: unset)")
+    parser.add_argument("--sink", action="store_true",
+                        help="measure the sink instead: --messages rows written to halfmq and to parquet")
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -107,6 +146,8 @@ def main() -> None:
 
 
 def run(args, namesrv: str) -> None:
+    if args.sink:
+        return run_sink(args, namesrv)
     started = time.perf_counter()
     total = asyncio.run(fill(namesrv, "SparkBench", args.messages, args.size, args.queues))
     print(f"filled {total:,} messages in {time.perf_counter() - started:.1f} s", flush=True)
