@@ -80,7 +80,7 @@ def test_unacked_message_comes_back_after_its_invisible_duration_with_its_attemp
     producer = clients(Producer(grpc_broker.config(), ("Jobs",)))
     producer.send(message("Jobs", b"job"))
     consumer = clients(SimpleConsumer(grpc_broker.config(), "Workers", {"Jobs": FilterExpression("*")},
-                                      await_duration=5))
+                                      await_duration=2))
     [first] = receive_all(consumer, 1, invisible_s=1)
     started = time.monotonic()
     [again] = receive_all(consumer, 1, invisible_s=30)  # long-polls until it is visible again
@@ -136,7 +136,7 @@ def test_receipts_survive_a_restart(grpc_broker, clients):
         client.shutdown()
     grpc_broker.restart()
     consumer = clients(SimpleConsumer(grpc_broker.config(), "Keeper", {"Durable": FilterExpression("*")},
-                                      await_duration=5))
+                                      await_duration=2))
     [again] = receive_all(consumer, 1)  # "two" once its invisible time is over; "one" never
     assert (again.body, again.delivery_attempt) == (b"two", 2)
     consumer.ack(again)
