@@ -17,7 +17,7 @@ from halfmq.protocol.codes import LanguageCode, RequestCode
 from halfmq.protocol.message import decode_record
 
 from ..services.clients import ClientInfo
-from .convert import to_message
+from .convert import peer_host, to_message
 from .schema import pb
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ def parse_transaction_id(text: str) -> tuple[int, int] | None:
 class ClientSession:
     def __init__(self, client_id: str, remote: str, language: str):
         self.client_id = client_id
-        self.remote = remote
+        self.remote = peer_host(remote) if remote else ""  #: ip:port, as a remoting channel's (admin shows it)
         self.language = _LANGUAGES.get(language, LanguageCode.OTHER)
         self.settings = None
         self.producer_topics: set[str] = set()

@@ -117,3 +117,14 @@ async def test_each_half_is_checked_over_the_protocol_it_came_in_on(grpc_broker_
         await asyncio.to_thread(wait_until, lambda: grpc_broker.broker.store.pending_halves_count() == 0)
     # each side was asked about its own half only
     assert listener.checked.empty() and v5_checker.checked.empty()
+
+
+async def test_admin_lists_a_5x_producer_under_its_topics_transaction_group(grpc_broker, clients):
+    from halfmq.client.admin import Admin
+    producer = clients(Producer(grpc_broker.config(), ("Listed",), Checker(TransactionResolution.COMMIT)))
+    groups = grpc_broker.broker.ctx.producers.groups
+    await asyncio.to_thread(wait_until, lambda: "%GRPC%Listed" in groups)  # its settings arrive after startup()
+    async with Admin(grpc_broker.broker.namesrv_addr) as admin:
+        [connection] = await admin.producer_connections("%GRPC%Listed")
+    assert (connection["clientId"], connection["language"]) == (producer.client_id, "PYTHON")
+    assert connection["clientAddr"].startswith("127.0.0.1:")
