@@ -148,6 +148,8 @@ class ReceiveService:
         while True:
             taken, next_visible = await self._take_from(group, topic, queues, tag_codes, batch, invisible_ms)
             if taken:
+                if self.ctx.metrics is not None:  # the same series as remoting pulls
+                    self.ctx.metrics.message_out(topic, group, len(taken), sum(len(rec.body) for rec, _h, _a in taken))
                 return [self._answer(rec, namespace=request.message_queue.topic.resource_namespace,
                                      handle=handle, attempts=attempts, invisible_ms=invisible_ms)
                         for rec, handle, attempts in taken]

@@ -34,3 +34,17 @@ def test_remoting_producer_to_grpc_simple_consumer(grpc_broker, clients):
     assert (msg.body, msg.tag, msg.keys, msg.properties["origin"], msg.message_id) == (
         b"from remoting", "R", {"key-2"}, "v4", result.msg_id)
     consumer.ack(msg)
+
+
+def test_grpc_sends_and_receives_count_in_the_broker_metrics(grpc_broker, clients):
+    producer = clients(Producer(grpc_broker.config(), ("Counted",)))
+    for i in range(3):
+        producer.send(message("Counted", b"12345"))
+    consumer = clients(SimpleConsumer(grpc_broker.config(), "Counters", {"Counted": FilterExpression("*")},
+                                      await_duration=2))
+    receive_all(consumer, 3)
+    registry = grpc_broker.broker.ctx.metrics.registry
+    labels = {"topic": "Counted", "consumer_group": "Counters"}
+    assert grpc_broker.broker.ctx.metrics.messages_in["Counted"] == [3, 15]
+    assert registry.get_sample_value("rocketmq_messages_out_total", labels) == 3
+    assert registry.get_sample_value("rocketmq_throughput_out_total", labels) == 15
