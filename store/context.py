@@ -86,11 +86,14 @@ class WriteContext:
 
     def put_message(self, req: PutRequest) -> PutResult:
         """Store one record (checked first: it writes nothing when it raises)."""
-        return self.put_fields(req.topic, req.queue_id, req.record, req.tags_code, req.index, req.keys)
+        return PutResult._make(self.put_fields(req.topic, req.queue_id, req.record, req.tags_code, req.index,
+                                               req.keys))
 
     def put_fields(self, topic: str, queue_id: int, record: bytearray, tags_code: int, index: bool,
-                   keys: str | None) -> PutResult:
-        """put_message of a request given field by field (a send's wire form, see ops.PutMessage)."""
+                   keys: str | None) -> tuple[int, int, int, int]:
+        """put_message of a request given field by field (a send's wire form, see ops.PutMessage), its PutResult's
+        fields as a plain tuple: a send's outcome goes back to the broker, and pickling a named tuple runs Python
+        per result (0.86 us against 0.12 us a plain tuple)."""
         self._check_names(topic, keys)
         self.writes += 1
         counters = self.counters
@@ -115,7 +118,7 @@ class WriteContext:
             for key in keys.split():
                 self.txn.put(key_index_key(encoded, key, physical), b"", db=keys_db)
         counters.next_physical = physical + size
-        return PutResult(physical, queue_offset, self.now_ms, size)
+        return physical, queue_offset, self.now_ms, size
 
     def read_record(self, physical_offset: int) -> bytes | None:
         if self._records and physical_offset >= self._first_buffered:

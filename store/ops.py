@@ -33,9 +33,12 @@ class PutMessage(Op):
     def wire(self) -> tuple:
         """What goes to the writer for a send: a plain tuple of the request's fields. Unpickling objects cost the
         writer as much as applying them (their constructors run in Python); a tuple is rebuilt in C, and the writer
-        applies it with ``WriteContext.put_fields``."""
+        applies it with ``WriteContext.put_fields``, whose plain-tuple value comes back and ``result`` makes a
+        PutResult of."""
         r = self.request
         return r.topic, r.queue_id, r.record, r.tags_code, r.index, r.keys
+
+    result = staticmethod(PutResult._make)  #: the op's value from what the writer answered for its wire form
 
 
 @dataclass(slots=True)
