@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from operator import attrgetter
 
 import msgpack
 
@@ -53,6 +54,11 @@ class HalfState:
                 row[name] = value
         return msgpack.packb(row)
 
+    def __reduce__(self):
+        # To and from the writer process as a plain tuple: by default a slotted dataclass pickles slot by slot and
+        # its status through the enum's own reduce (9.6 us to pickle a PrepareHalf and 7.5 us to unpickle it).
+        return _half_state, (self.status.value, _stored_fields(self))
+
     @classmethod
     def from_bytes(cls, raw: bytes) -> "HalfState":
         row = msgpack.unpackb(raw)
@@ -63,3 +69,10 @@ class HalfState:
 
 _FIELDS = frozenset(HalfState.__dataclass_fields__)
 _STORED = tuple(name for name in HalfState.__dataclass_fields__ if name != "status")
+_stored_fields = attrgetter(*_STORED)
+STATUSES = {status.value: status for status in HalfStatus}  #: each status by its value (an enum call runs Python)
+
+
+def _half_state(status: str, stored: tuple) -> HalfState:
+    """A HalfState from its pickled form (``HalfState.__reduce__``); status comes first, the stored fields follow."""
+    return HalfState(STATUSES[status], *stored)
