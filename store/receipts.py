@@ -212,3 +212,27 @@ class DeadLetter(Op):
         result = wctx.put_message(self.request)
         wctx.txn.delete(key, db=wctx.dbs[TABLE])
         return result
+
+
+@dataclass(slots=True)
+class RenewReceipts(Op):
+    """Auto-renewal (a push consumer's receipts): each (group, topic, queue id, queue offset, version) still held at
+    that version becomes visible at ``visible_at`` instead; its handle stays valid. Value: the items renewed."""
+
+    items: list[tuple[str, str, int, int, int]]
+    visible_at: int
+
+    def apply(self, wctx: WriteContext) -> list[tuple[str, str, int, int, int]]:
+        held = []
+        for item in self.items:
+            group, topic, queue_id, offset, version = item
+            key = _receipt_key(scope_key(group, topic, queue_id), offset)
+            wctx.check_key(key, f"the receipts of group {group[:40]!r}")
+            raw = _get(wctx, key)
+            if raw is not None and _unpack(offset, raw).version == version:
+                held.append((key, _unpack(offset, raw), item))
+        for key, receipt, _item in held:
+            wctx.writes += 1
+            wctx.txn.put(key, _pack(self.visible_at, receipt.attempts, receipt.physical_offset, receipt.version,
+                                    receipt.grouped), db=wctx.dbs[TABLE])
+        return [item for _key, _receipt, item in held]

@@ -24,8 +24,8 @@ from halfmq.protocol import properties as P
 from halfmq.protocol.codes import SysFlag
 from halfmq.protocol.message import MessageRecord, decode_record
 from halfmq.store import message_request
-from halfmq.store.receipts import (AckReceipts, ChangeInvisibility, DeadLetter, Receipt, ReceiptError, TakeReceipts,
-                                   read_cursor, read_receipts)
+from halfmq.store.receipts import (AckReceipts, ChangeInvisibility, DeadLetter, Receipt, ReceiptError, RenewReceipts,
+                                   TakeReceipts, read_cursor, read_receipts)
 
 from ..context import now_ms
 from ..services.clients import parse_subscription
@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 MIN_INVISIBLE_MS = 1_000
 MAX_INVISIBLE_MS = 12 * 3_600_000
 AUTO_RENEW_INVISIBLE_MS = 30_000   #: a push consumer's receive (auto_renew, no duration of its own)
+AUTO_RENEW_INTERVAL_S = 10.0       #: how often auto-renewed receipts are pushed AUTO_RENEW_INVISIBLE_MS ahead again
+AUTO_RENEW_MAX_MS = 3_600_000      #: renewed for at most this long after the receive: a stuck listener lets go
 MAX_BATCH = 1024
 MAX_POLLING_MS = 60_000
 MAX_RESPONSE_BYTES = 4 << 20
@@ -83,6 +85,8 @@ class ReceiveService:
         self._versions = itertools.count(time.time_ns() // 1000)
         self.dead_lettered = 0
         self._stopping = False
+        #: receipts a push consumer asked to have renewed: item (as AckReceipts takes it) → (client id, until ms)
+        self.renewing: dict[tuple[str, str, int, int, int], tuple[str, int]] = {}
 
     # --- arrivals (long polling) ---
     def on_arrival(self, topic: str, _queue_id: int, _max_offset: int) -> None:
@@ -127,11 +131,13 @@ class ReceiveService:
         batch = request.batch_size
         if not 1 <= batch <= MAX_BATCH:
             raise GrpcError(Code["BAD_REQUEST"], f"batch_size {batch} is outside 1..{MAX_BATCH}")
+        renew = False
         if request.HasField("invisible_duration"):
             invisible_ms = _duration_ms(request.invisible_duration, "invisible duration", MIN_INVISIBLE_MS,
                                         MAX_INVISIBLE_MS, "ILLEGAL_INVISIBLE_TIME")
         elif request.auto_renew:
             invisible_ms = AUTO_RENEW_INVISIBLE_MS
+            renew = True
         else:
             raise GrpcError(Code["ILLEGAL_INVISIBLE_TIME"], "the invisible duration is required")
         polling_ms = 0
@@ -147,6 +153,11 @@ class ReceiveService:
         deadline = time.monotonic() + polling_ms / 1000
         while True:
             taken, next_visible = await self._take_from(group, topic, queues, tag_codes, batch, invisible_ms)
+            if taken and renew:
+                until = now_ms() + AUTO_RENEW_MAX_MS
+                for _rec, handle, _attempts in taken:
+                    queue_id, queue_offset, version = parse_handle(handle)
+                    self.renewing[(group, topic, queue_id, queue_offset, version)] = (caller.client_id, until)
             if taken:
                 if self.ctx.metrics is not None:  # the same series as remoting pulls
                     self.ctx.metrics.message_out(topic, group, len(taken), sum(len(rec.body) for rec, _h, _a in taken))
@@ -294,6 +305,28 @@ class ReceiveService:
         log.info("message %s of %s/%d moved to %s after %d deliveries to group %s",
                  rec.properties.get(P.UNIQ_KEY, ""), topic, queue_id, dlq.name, receipt.attempts, group)
 
+    async def renew(self) -> None:
+        """Push auto-renewed receipts ahead again while their consumer is alive (it sent anything within the
+        renewal's invisible time) and for at most AUTO_RENEW_MAX_MS; acknowledged or redelivered ones drop out."""
+        if not self.renewing:
+            return
+        now = now_ms()
+        alive_since = time.monotonic() - AUTO_RENEW_INVISIBLE_MS / 1000
+        sessions = self.endpoint.sessions.by_client
+        items = []
+        for item, (client_id, until) in list(self.renewing.items()):
+            session = sessions.get(client_id)
+            if until <= now or session is None or not session.heard_since(alive_since):
+                del self.renewing[item]
+            else:
+                items.append(item)
+        if not items:
+            return
+        renewed = set(await self.store.submit(RenewReceipts(items, now + AUTO_RENEW_INVISIBLE_MS)))
+        for item in items:
+            if item not in renewed:
+                self.renewing.pop(item, None)
+
     # --- AckMessage ---
     async def ack_message(self, request, caller: Caller):
         group, topic = checked_group(request.group), checked_topic(request.topic)
@@ -310,6 +343,8 @@ class ReceiveService:
             items.append((group, topic, queue_id, queue_offset, version))
             slots.append(result)
         errors = await self.store.submit(AckReceipts(items)) if items else []
+        for item in items:
+            self.renewing.pop(item, None)
         for result, error in zip(slots, errors, strict=True):
             result.status.CopyFrom(ok() if error is None else status(Code["INVALID_RECEIPT_HANDLE"], str(error)))
         for queue_id in sorted({item[2] for item in items}):

@@ -11,8 +11,9 @@ import time
 
 import grpc
 
+from ..services.periodic import PeriodicTask
 from .auth import authenticate
-from .receive import ReceiveService
+from .receive import AUTO_RENEW_INTERVAL_S, ReceiveService
 from .route import RouteService
 from .schema import SERVICE, Code, pb, rpc_names, rpc_types
 from .send import SendService
@@ -43,6 +44,7 @@ class GrpcEndpoint:
         self.send = SendService(self, send_processor)
         self.receive = ReceiveService(self)
         self._server: grpc.aio.Server | None = None
+        self._renewal: PeriodicTask | None = None
         self.requests = 0
         unary = {
             "QueryRoute": self.route.query_route,
@@ -147,6 +149,8 @@ class GrpcEndpoint:
             raise OSError(f"cannot listen on {target}")
         await server.start()
         self._server = server
+        self._renewal = PeriodicTask("grpc-auto-renew", AUTO_RENEW_INTERVAL_S, self.receive.renew)
+        self._renewal.start()
         self.port = bound
         self.ctx.store.add_arrival_listener(self.receive.on_arrival)
         return bound
@@ -159,6 +163,8 @@ class GrpcEndpoint:
                 self.sessions.terminated(client_id)
 
     async def stop(self, grace_s: float) -> None:
+        if self._renewal is not None:
+            await self._renewal.stop()
         self.receive.release_all()
         self.sessions.close_all()
         if self._server is not None:

@@ -162,3 +162,28 @@ def test_forward_to_dead_letter_queue_moves_a_received_message(grpc_broker, clie
     assert grpc_broker.broker.store.max_offset("%DLQ%Giveup", 0) == 1
     with pytest.raises(BadRequestException):
         consumer.ack(msg)
+
+
+def test_auto_renewed_receipts_stay_invisible_and_keep_their_handle(grpc_broker, clients):
+    from rocketmq.grpc_protocol import AckMessageRequest, Code, ReceiveMessageRequest
+
+    from halfmq.store.receipts import read_receipts
+
+    from .conftest import raw_call
+    clients(Producer(grpc_broker.config(), ("Renewed",))).send(message("Renewed", b"long job"))
+    request = ReceiveMessageRequest()
+    request.group.name, request.message_queue.topic.name, request.batch_size = "Pushers", "Renewed", 1
+    request.message_queue.id, request.auto_renew = -1, True  # a push consumer's receive: no invisible duration
+    [answer] = [a for a in raw_call(grpc_broker.endpoint, "ReceiveMessage", request) if a.HasField("message")]
+    handle = answer.message.system_properties.receipt_handle
+    queue_id = answer.message.system_properties.queue_id
+    endpoint = grpc_broker.broker.grpc
+    [before] = read_receipts(grpc_broker.broker.store, "Pushers", "Renewed", queue_id)
+    grpc_broker.call(endpoint.receive.renew())  # the periodic renewal, run now
+    [after] = read_receipts(grpc_broker.broker.store, "Pushers", "Renewed", queue_id)
+    assert after.visible_at > before.visible_at and after.version == before.version
+    ack = AckMessageRequest()
+    ack.group.name, ack.topic.name = "Pushers", "Renewed"
+    ack.entries.add(message_id=answer.message.system_properties.message_id, receipt_handle=handle)
+    assert raw_call(grpc_broker.endpoint, "AckMessage", ack).status.code == Code.OK  # the handle still holds
+    assert endpoint.receive.renewing == {}
