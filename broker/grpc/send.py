@@ -39,6 +39,10 @@ class SendService:
     async def send_message(self, request, caller: Caller, context):
         if not request.messages:
             raise GrpcError(Code["BAD_REQUEST"], "the request holds no message")
+        most = self.ctx.config.maxBatchMessageCount
+        if len(request.messages) > most:
+            raise GrpcError(Code["BAD_REQUEST"], f"the request holds {len(request.messages)} messages, more than "
+                                                 f"maxBatchMessageCount {most}")
         session = self.sessions.get(caller.client_id)
         born_host = peer_host(context.peer())
         response = pb.SendMessageResponse()

@@ -102,23 +102,28 @@ def test_push_consumer_gets_a_fifo_group_in_order(grpc_broker, clients):
 
 def test_send_refusals_answer_the_reference_codes(grpc_broker_factory):
     from rocketmq.grpc_protocol import Encoding, MessageType, SendMessageRequest
-    broker = grpc_broker_factory(timerMaxDelaySec=60)
+    broker = grpc_broker_factory(timerMaxDelaySec=60, maxBatchMessageCount=2)
 
-    def send(**system):
-        request = SendMessageRequest()
-        msg = request.messages.add()
-        msg.topic.name, msg.body = "Refusals", b"x"
-        msg.system_properties.message_id = "01TEST"
-        msg.system_properties.body_encoding = Encoding.IDENTITY
-        msg.system_properties.message_type = system.pop("message_type", MessageType.NORMAL)
-        for key, value in system.items():
-            if key == "delivery_timestamp":
-                msg.system_properties.delivery_timestamp.seconds = value
-            else:
-                setattr(msg.system_properties, key, value)
-        return raw_call(broker.endpoint, "SendMessage", request).status.code
+    def request(count: int = 1, **system) -> SendMessageRequest:
+        req = SendMessageRequest()
+        for _ in range(count):
+            msg = req.messages.add()
+            msg.topic.name, msg.body = "Refusals", b"x"
+            msg.system_properties.message_id = "01TEST"
+            msg.system_properties.body_encoding = Encoding.IDENTITY
+            msg.system_properties.message_type = system.get("message_type", MessageType.NORMAL)
+            for key, value in system.items():
+                if key == "delivery_timestamp":
+                    msg.system_properties.delivery_timestamp.seconds = value
+                elif key != "message_type":
+                    setattr(msg.system_properties, key, value)
+        return req
+
+    def send(count: int = 1, **system) -> int:
+        return raw_call(broker.endpoint, "SendMessage", request(count, **system)).status.code
 
     assert send() == Code.OK
+    assert send(count=3) == Code.BAD_REQUEST                                            # beyond maxBatchMessageCount
     assert send(message_type=MessageType.DELAY, delivery_timestamp=int(time.time()) + 3600) == Code.ILLEGAL_DELIVERY_TIME
     assert send(message_type=MessageType.FIFO) == Code.ILLEGAL_MESSAGE_GROUP          # FIFO without a group
     assert send(message_group="g") == Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE         # a group on a NORMAL message
