@@ -105,9 +105,9 @@ class HalfmqWriter(_Writing, DataSourceWriter):
         return self.sink_id or f"write-{self.attempt}"
 
     def commit(self, messages) -> None:
+        # Decided even with no rows: the orphans of failed task attempts are then answered at once.
         _tag, tasks, halves = self._collect(messages)
-        if halves:
-            sink_io.commit_batch(self.namesrv, self.group, self._batch_sink_id(), 0, self.attempt, tasks, halves)
+        sink_io.commit_batch(self.namesrv, self.group, self._batch_sink_id(), 0, self.attempt, tasks, halves)
 
     def abort(self, messages) -> None:
         _tag, _tasks, halves = self._collect(messages)

@@ -106,3 +106,39 @@ def test_check_answers_come_from_the_decision_log_and_the_owners_liveness(live_b
     assert records == [Decision("LIVE", False)]
     with pytest.raises(sink_io.SinkError, match="rolled back before it could commit"):
         sink_io.commit_batch(namesrv, "PG_SINK", "s2", 0, "LIVE", ["0.0"], [])
+
+
+def test_a_commit_resumes_halves_discarded_after_their_checks(tmp_path):
+    """A job longer than its halves' check-backs last (each answered UNKNOW while the driver lives) loses nothing:
+    the halves are discarded by the broker, and the commit resumes and publishes them."""
+    from halfmq.store import HalfStatus
+
+    from tests.support.broker_thread import BrokerThread
+
+    from .test_sink_crash import stored, wait_until
+
+    bt = BrokerThread(tmp_path / "store", transactionCheckInterval=200, transactionTimeOut=100,
+                      transactionCheckMax=2)
+    namesrv = bt.broker.namesrv_addr
+    tag = HalfTag("long", 0, "A", "0.0", "OWNER")
+    messages = [(Message("LongT", b"%d" % i, properties=tag.properties(i), check_immunity_seconds=1), None)
+                for i in range(5)]
+
+    def discarded() -> bool:
+        states = [s for _o, s in bt.broker.store.iter_halves() if s.topic == "LongT"]
+        return len(states) == 5 and all(s.status is HalfStatus.DISCARDED for s in states)
+
+    async def run():
+        member, listener = sink_io.sink_producer(namesrv, "PG_LONG")
+        async with TransactionProducer(sink_io.owner_group("OWNER"), listener, namesrv), member:
+            halves = await asyncio.to_thread(sink_io.send_halves, namesrv, "PG_LONG", tag, messages)
+            await asyncio.to_thread(wait_until, discarded, 60, "the halves to use up their checks")
+            assert await asyncio.to_thread(sink_io.commit_batch, namesrv, "PG_LONG", "long", 0, "A", ["0.0"],
+                                           halves)
+        await listener.close()
+
+    try:
+        asyncio.run(run())
+        assert sorted(int(r.body) for _q, r in stored(bt.broker, "LongT")) == list(range(5))
+    finally:
+        bt.stop()

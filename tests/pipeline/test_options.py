@@ -44,11 +44,12 @@ def test_unknown_sink_option_is_refused_and_supported_ones_listed(spark, live_br
 
     with pytest.raises(PySparkException, match="subscribe") as err:  # a source option is not a sink option
         writer().option("topic", "SinkOptT").option("subscribe", "SinkOptT").save()
-    for name in ("namesrv", "topic", "producerGroup", "sinkId"):
+    for name in ("namesrv", "topic", "producerGroup", "sinkId", "checkImmunitySeconds"):
         assert name in str(err.value)
     with pytest.raises(PySparkException, match="kafka.bootstrap.servers"):
         writer().option("topic", "SinkOptT").option("kafka.bootstrap.servers", "x:1").save()
-    writer().option("topic", "SinkOptT").option("producerGroup", "PG_OPT").option("sinkId", "s").save()
+    writer().option("topic", "SinkOptT").option("producerGroup", "PG_OPT").option("sinkId", "s") \
+        .option("checkImmunitySeconds", "60").save()
     assert read(spark, live_broker, subscribe="SinkOptT").count() == 3
 
 
