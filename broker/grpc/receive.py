@@ -160,7 +160,8 @@ class ReceiveService:
                     self.renewing[(group, topic, queue_id, queue_offset, version)] = (caller.client_id, until)
             if taken:
                 if self.ctx.metrics is not None:  # the same series as remoting pulls
-                    self.ctx.metrics.message_out(topic, group, len(taken), sum(len(rec.body) for rec, _h, _a in taken))
+                    size = sum(len(rec.body) for rec, _handle, _attempts in taken)
+                    self.ctx.metrics.message_out(topic, group, len(taken), size)
                 return [self._answer(rec, namespace=request.message_queue.topic.resource_namespace,
                                      handle=handle, attempts=attempts, invisible_ms=invisible_ms)
                         for rec, handle, attempts in taken]
@@ -345,6 +346,8 @@ class ReceiveService:
         errors = await self.store.submit(AckReceipts(items)) if items else []
         for item in items:
             self.renewing.pop(item, None)
+        if topic in self._arrivals and any(error is None for error in errors):
+            self.on_arrival(topic, 0, 0)  # an acknowledged FIFO message lets the next of its queue go: wake receives
         for result, error in zip(slots, errors, strict=True):
             result.status.CopyFrom(ok() if error is None else status(Code["INVALID_RECEIPT_HANDLE"], str(error)))
         for queue_id in sorted({item[2] for item in items}):

@@ -26,7 +26,8 @@ def test_shipped_descriptor_set_is_the_compiled_proto_files(tmp_path):
     out = tmp_path / "fresh.binpb"
     here = os.path.dirname(schema.__file__)
     subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "--include_imports", f"--descriptor_set_out={out}",
-                    f"-I{os.path.join(here, 'proto')}", f"-I{os.path.join(os.path.dirname(grpc_tools.__file__), '_proto')}",
+                    f"-I{os.path.join(here, 'proto')}",
+                    f"-I{os.path.join(os.path.dirname(grpc_tools.__file__), '_proto')}",
                     "apache/rocketmq/v2/service.proto"], check=True)
     with open(schema.SCHEMA_PATH, "rb") as shipped:
         assert out.read_bytes() == shipped.read()
@@ -124,7 +125,8 @@ def test_send_refusals_answer_the_reference_codes(grpc_broker_factory):
 
     assert send() == Code.OK
     assert send(count=3) == Code.BAD_REQUEST                                            # beyond maxBatchMessageCount
-    assert send(message_type=MessageType.DELAY, delivery_timestamp=int(time.time()) + 3600) == Code.ILLEGAL_DELIVERY_TIME
+    an_hour_ahead = int(time.time()) + 3600                                             # timerMaxDelaySec is 60
+    assert send(message_type=MessageType.DELAY, delivery_timestamp=an_hour_ahead) == Code.ILLEGAL_DELIVERY_TIME
     assert send(message_type=MessageType.FIFO) == Code.ILLEGAL_MESSAGE_GROUP          # FIFO without a group
     assert send(message_group="g") == Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE         # a group on a NORMAL message
     broker.call(broker.broker.ctx.topics.put(TopicConfig("Refusals", 4, 4, message_type="FIFO")))

@@ -187,3 +187,24 @@ def test_auto_renewed_receipts_stay_invisible_and_keep_their_handle(grpc_broker,
     ack.entries.add(message_id=answer.message.system_properties.message_id, receipt_handle=handle)
     assert raw_call(grpc_broker.endpoint, "AckMessage", ack).status.code == Code.OK  # the handle still holds
     assert endpoint.receive.renewing == {}
+
+
+def test_acknowledging_a_fifo_message_wakes_a_waiting_receive_for_the_next(grpc_broker, clients):
+    import threading
+    producer = clients(Producer(grpc_broker.config(), ("FifoWake",)))
+    for i in range(2):
+        producer.send(message("FifoWake", f"w{i}".encode(), group="g"))
+    config = grpc_broker.config()
+    holder = clients(SimpleConsumer(config, "Waiters", {"FifoWake": FilterExpression("*")}, await_duration=1))
+    waiter = clients(SimpleConsumer(config, "Waiters", {"FifoWake": FilterExpression("*")}, await_duration=10))
+    [first] = holder.receive(1, 30)
+    got = []
+    thread = threading.Thread(target=lambda: got.extend(waiter.receive(1, 30)))
+    thread.start()
+    arrivals = grpc_broker.broker.grpc.receive._arrivals
+    from .conftest import wait_until
+    wait_until(lambda: "FifoWake" in arrivals)  # the waiter's receive is held: w1 waits for w0's ack
+    started = time.monotonic()
+    holder.ack(first)
+    thread.join(15)
+    assert [m.body for m in got] == [b"w1"] and time.monotonic() - started < 5  # not at the end of its long poll
