@@ -3,9 +3,11 @@
 # tests/test_docker.py, which starts a private dockerd and makes its base image with debootstrap (no image
 # registry is reachable from CI). Idempotent: does nothing when both are there. Starts no daemon.
 set -euo pipefail
+# /usr/bin/docker: the package's client, which builds with BuildKit without the buildx plugin (a docker client
+# elsewhere on the PATH may lack it)
 have_docker() {
     command -v dockerd >/dev/null 2>&1 && command -v docker-proxy >/dev/null 2>&1 \
-        && command -v docker >/dev/null 2>&1 && command -v debootstrap >/dev/null 2>&1
+        && [ -x /usr/bin/docker ] && command -v debootstrap >/dev/null 2>&1
 }
 if have_docker; then
     exit 0

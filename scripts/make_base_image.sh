@@ -18,12 +18,16 @@ cleanup() {
     rm -rf "$work"
 }
 trap cleanup EXIT
-# minbase: essential packages and apt only (about 50 s); venv brings the pip wheel bootstrap.sh needs
-debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates bookworm "$root" "$mirror" \
+# minbase: essential packages and apt only (1-2 min); venv brings the pip wheel bootstrap.sh needs. Its own
+# package cache, deleted with the rest: the host's apt cache is neither read nor filled.
+mkdir -p "$work/debs"
+debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates --cache-dir="$work/debs" \
+    bookworm "$root" "$mirror" \
     >"$work/debootstrap.log" 2>&1 || { tail -n 30 "$work/debootstrap.log" >&2; exit 1; }
 if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
     cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/"
-    chroot "$root" update-ca-certificates >/dev/null 2>&1
+    # TMPDIR may name a folder of the host, which the chroot does not have
+    TMPDIR=/tmp chroot "$root" update-ca-certificates >"$work/ca.log" 2>&1 || { cat "$work/ca.log" >&2; exit 1; }
 fi
 # What an image needs no copy of: downloaded packages, package lists, documentation, translations.
 rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/* "$root"/usr/share/doc/* \

@@ -7,6 +7,9 @@ creates, so it meets no other Docker on the machine and leaves nothing behind.
   network (pip, apt) runs with ``--network host``.
 - Started and stopped by its PID (SIGTERM, then SIGKILL after a timeout); ready when its log says the API
   listens. What it mounted under the folder (a network namespace) is unmounted before the folder is deleted.
+- The folder is a tmpfs (at most TMPFS_SIZE; a build and a base image take about 3 GB): vfs keeps a full copy of
+  the root file system per layer, several hundred thousand files that took 100 s to delete from disk and that
+  dpkg and the build synced to it, slowly on a busy disk. Unmounting frees them at once.
 """
 from __future__ import annotations
 
@@ -19,7 +22,11 @@ import tempfile
 import threading
 from pathlib import Path
 
+#: The docker.io package's client: it builds with BuildKit (DOCKER_BUILDKIT=1) without the buildx plugin, twice
+#: as fast as the legacy builder here, which copies the whole root file system (vfs) for each Dockerfile line.
+CLIENT = "/usr/bin/docker" if os.access("/usr/bin/docker", os.X_OK) else "docker"
 BRIDGE = "halfmq-dk0"
+TMPFS_SIZE = "8g"
 BRIDGE_ADDRESS = "10.213.77.1/24"
 
 
@@ -29,20 +36,26 @@ class DockerdFailed(RuntimeError):
 
 def missing_tools() -> list[str]:
     """What the daemon and the base image need that is not installed (scripts/install_docker.sh installs it)."""
-    return [tool for tool in ("dockerd", "docker", "docker-proxy", "debootstrap", "ip") if not shutil.which(tool)]
+    return [tool for tool in ("dockerd", CLIENT, "docker-proxy", "debootstrap", "ip") if not shutil.which(tool)]
 
 
 class Dockerd:
     def __init__(self) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="halfmq-docker-"))  # short: unix socket paths are limited
+        self._mounted = False
         self.socket = self.root / "docker.sock"
-        self.env = {**os.environ, "DOCKER_HOST": f"unix://{self.socket}"}
+        self.env = {**os.environ, "DOCKER_HOST": f"unix://{self.socket}", "DOCKER_BUILDKIT": "1"}
         self.proc: subprocess.Popen | None = None
         self.lines: collections.deque[str] = collections.deque(maxlen=100)
         self._listening = threading.Event()
         self._bridge_made = False
 
-    def start(self, timeout: float = 60.0) -> "Dockerd":
+    def start(self, timeout: float = 60.0) -> Dockerd:
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE},mode=0700", "tmpfs",
+                                  str(self.root)], check=False, capture_output=True, text=True)
+        if mounted.returncode:
+            raise DockerdFailed(f"cannot mount a tmpfs on {self.root}: {mounted.stderr.strip()}")
+        self._mounted = True
         self._make_bridge()
         self.proc = subprocess.Popen(
             ["dockerd", "--data-root", str(self.root / "data"), "--exec-root", str(self.root / "exec"),
@@ -57,13 +70,13 @@ class Dockerd:
         return self
 
     def _make_bridge(self) -> None:
-        if subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True).returncode == 0:
+        if subprocess.run(["ip", "link", "show", BRIDGE], check=False, capture_output=True).returncode == 0:
             raise DockerdFailed(f"bridge {BRIDGE} exists: another test's daemon is running, or one was killed "
                                 f"(remove it with: ip link delete {BRIDGE})")
         for command in (["ip", "link", "add", BRIDGE, "type", "bridge"],
                         ["ip", "addr", "add", BRIDGE_ADDRESS, "dev", BRIDGE],
                         ["ip", "link", "set", BRIDGE, "up"]):
-            done = subprocess.run(command, capture_output=True, text=True)
+            done = subprocess.run(command, check=False, capture_output=True, text=True)
             if done.returncode:
                 raise DockerdFailed(f"{' '.join(command)}: {done.stderr.strip()}")
             self._bridge_made = True
@@ -80,9 +93,11 @@ class Dockerd:
 
     def docker(self, *args: str, timeout: float = 120.0, check: bool = True) -> subprocess.CompletedProcess:
         """Run the docker client against this daemon; raises DockerdFailed with its output when it fails."""
-        done = subprocess.run(["docker", *args], env=self.env, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run([CLIENT, *args], check=False, env=self.env, capture_output=True, text=True,
+                              timeout=timeout)
         if check and done.returncode:
-            raise DockerdFailed(f"docker {' '.join(args)} exited with {done.returncode}:\n{done.stdout}{done.stderr}")
+            raise DockerdFailed(f"docker {' '.join(args)} exited with {done.returncode}:\n"
+                                f"{done.stdout}{done.stderr}")
         return done
 
     def stop(self, timeout: float = 30.0) -> None:
@@ -97,12 +112,16 @@ class Dockerd:
                     self.proc.wait()
         finally:
             self._unmount_leftovers()
+            if self._mounted:
+                subprocess.run(["umount", str(self.root)], check=False, capture_output=True)
             shutil.rmtree(self.root, ignore_errors=True)
             if self._bridge_made:
-                subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True)
+                subprocess.run(["ip", "link", "delete", BRIDGE], check=False, capture_output=True)
 
     def _unmount_leftovers(self) -> None:
-        """dockerd leaves its default network namespace mounted under the exec root; rmtree must not go into it."""
-        mounts = subprocess.run(["findmnt", "-rn", "-o", "TARGET"], capture_output=True, text=True).stdout.split()
+        """dockerd leaves its default network namespace mounted under the exec root: the tmpfs cannot be unmounted,
+        nor rmtree go into it, until that is."""
+        mounts = subprocess.run(["findmnt", "-rn", "-o", "TARGET"], check=False, capture_output=True,
+                                text=True).stdout.split()
         for target in sorted((m for m in mounts if m.startswith(f"{self.root}/")), reverse=True):
-            subprocess.run(["umount", "-l", target], capture_output=True)
+            subprocess.run(["umount", "-l", target], check=False, capture_output=True)
