@@ -134,12 +134,12 @@ class WriterLink:
         items, grown = [], {}
         waiting = self.waiting
         group = None
-        put_message, result = PutMessage, PutMessage.result
         while waiting and waiting[0].gid <= gid and waiting[0].outcomes is not None:
             group = waiting.popleft()
             for op, completion, outcome in zip(group.ops, group.completions, group.outcomes):
-                # A send went as its wire form, and its value came back as a plain tuple.
-                items.append((completion, (True, result(outcome[1])) if type(op) is put_message and outcome[0]
+                # A send's value came back as a plain tuple (ops.Op.result).
+                result = op.result
+                items.append((completion, (True, result(outcome[1])) if result is not None and outcome[0]
                               else outcome))
             grown.update(group.grown)  # later groups only grow a queue further
         if group is not None:

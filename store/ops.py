@@ -3,7 +3,9 @@
 An op is plain data (it is pickled to the writer process; a send goes as ``PutMessage.wire()``) with
 ``apply(wctx)``, run inside the group's LMDB transaction. Contract: ``apply`` checks everything first and raises (InvalidWriteError, or another StoreError for a
 refused transition) only before its first write; its value is the op's result. An op that breaks the contract
-is still undone: the writer retries the group without it (writer.py).
+is still undone: the writer retries the group without it (writer.py). An op whose value goes back to the broker in
+a cheaper form than the one its callers get (plain tuples for PutResults) has a ``result`` turning one into the
+other; the link applies it.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from .requests import PutRequest, PutResult
 
 class Op:
     __slots__ = ()
+    result = None  #: value from the writer -> the op's result, for an op whose value travels in another form
 
     def apply(self, wctx: WriteContext):
         raise NotImplementedError
@@ -27,8 +30,8 @@ class PutMessage(Op):
 
     request: PutRequest
 
-    def apply(self, wctx: WriteContext) -> PutResult:
-        return wctx.put_message(self.request)
+    def apply(self, wctx: WriteContext) -> tuple[int, int, int, int]:
+        return wctx.put_fields(*self.wire())
 
     def wire(self) -> tuple:
         """What goes to the writer for a send: a plain tuple of the request's fields. Unpickling objects cost the
@@ -47,10 +50,14 @@ class PutMessages(Op):
 
     requests: list[PutRequest]
 
-    def apply(self, wctx: WriteContext) -> list[PutResult]:
+    def apply(self, wctx: WriteContext) -> list[tuple[int, int, int, int]]:
         for req in self.requests:
             wctx.check_message(req)
-        return [wctx.put_message(req) for req in self.requests]
+        return [wctx.put_fields(r.topic, r.queue_id, r.record, r.tags_code, r.index, r.keys) for r in self.requests]
+
+    @staticmethod
+    def result(values: list[tuple[int, int, int, int]]) -> list[PutResult]:
+        return [PutResult._make(value) for value in values]
 
 
 @dataclass(slots=True)

@@ -8,7 +8,7 @@ import pickle
 import pytest
 
 from halfmq.store.halfs import HalfState, HalfStatus
-from halfmq.store.ops import PutMessage
+from halfmq.store.ops import PutMessage, PutMessages
 from halfmq.store.requests import PutRequest, PutResult
 from halfmq.store.txops import DecideHalf, Decision, PrepareHalf
 
@@ -44,3 +44,8 @@ def test_a_send_goes_as_its_fields_and_its_value_comes_back_a_put_result():
     assert PutMessage(request).wire() == tuple(getattr(request, f.name) for f in dataclasses.fields(request))
     result = PutMessage.result((1, 2, 3, 4))
     assert type(result) is PutResult and result == PutResult(1, 2, 3, 4)
+
+
+def test_a_batch_comes_back_as_put_results():
+    results = PutMessages.result([(1, 2, 3, 4), (5, 6, 7, 8)])
+    assert results == [PutResult(1, 2, 3, 4), PutResult(5, 6, 7, 8)] and all(type(r) is PutResult for r in results)
