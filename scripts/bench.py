@@ -4,10 +4,17 @@
     python scripts/bench.py consumer    --spawn-broker --messages 300000
     python scripts/bench.py transaction --spawn-broker --unknown 0.1 --rollback 0.1 --check-timeout 1000
     python scripts/bench.py compare     --spawn-broker   # plain vs transactional sends, same run
+    python scripts/bench.py alternate   --trees /tmp/base . --rounds 3   # producer runs of two checkouts, in turn
 
 Prints TPS and RT p50/p99/max every few seconds and a SUMMARY line at the end. With --spawn-broker a broker
 is started in a subprocess on free ports over a temporary store (SYNC_FLUSH unless --async-flush), removed when
 the benchmark ends (also on an error or Ctrl-C). Filling and draining phases print their progress every second.
+
+``alternate`` runs ``producer --spawn-broker`` of each checkout in turn (each with its own .venv when it has one),
+``--rounds`` times, and prints each run's TPS and CPU per message of the client, the broker and the broker's
+helper processes (the store's writer), read from /proc between the run's first and last progress lines: on a busy
+machine TPS swings, CPU per message much less. It ends with each checkout's median TPS and CPU and their ratio to
+the first checkout.
 """
 from __future__ import annotations
 
@@ -18,6 +25,8 @@ import random
 import re
 import shutil
 import signal
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -337,6 +346,86 @@ async def run_transaction(args, namesrv: str, metrics_addr: str | None, name: st
                              pending_halves=pending)
 
 
+TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+PROGRESS = re.compile(r"\[producer\] tps=([\d,]+)")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def child_pids(pid: int) -> list[int]:
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    out = []
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out += [int(x) for x in f.read().split()]
+        except OSError:
+            pass
+    return out
+
+
+def cpu_sample(client: int) -> dict[str, float]:
+    """CPU seconds of a benchmark client, the brokers it spawned and their helper processes."""
+    brokers = child_pids(client)
+    return {"client": cpu_seconds(client), "broker": sum(map(cpu_seconds, brokers)),
+            "helpers": sum(cpu_seconds(h) for b in brokers for h in child_pids(b))}
+
+
+def producer_run(tree: str, args) -> dict:
+    """One ``producer --spawn-broker`` run of checkout ``tree``: its TPS and CPU microseconds per message."""
+    tree = os.path.abspath(tree)
+    python = os.path.join(tree, ".venv", "bin", "python")
+    cmd = [python if os.path.exists(python) else sys.executable, os.path.join(tree, "scripts", "bench.py"),
+           "producer", "--spawn-broker", f"--duration={args.duration}", f"--size={args.size}",
+           f"--inflight={args.inflight}"]
+    first = last = None
+    messages, tps = 0, None
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=tree) as proc:
+        for line in proc.stdout:
+            match = PROGRESS.match(line)
+            if match:
+                sample = cpu_sample(proc.pid)
+                if first is None:
+                    first = sample  # the window starts at the first progress line: start-up is not counted
+                else:
+                    messages += int(match.group(1).replace(",", "")) * 3  # a progress line covers 3 s
+                    last = sample
+            elif line.startswith("SUMMARY"):
+                tps = float(re.search(r"tps=([\d,]+)", line).group(1).replace(",", ""))
+    if proc.returncode or tps is None or last is None:
+        raise SystemExit(f"the producer run of {tree} failed (exit {proc.returncode}); run it alone to see why")
+    cpu = {k: (last[k] - first[k]) / messages * 1e6 for k in first}
+    return {"tps": tps, **cpu, "server": cpu["broker"] + cpu["helpers"]}
+
+
+def alternate(args) -> None:
+    runs: dict[str, list[dict]] = {tree: [] for tree in args.trees}
+    for round_no in range(1, args.rounds + 1):
+        for tree in args.trees:
+            run = producer_run(tree, args)
+            runs[tree].append(run)
+            print(f"[round {round_no}] {tree}: tps={run['tps']:,.0f} cpu_us_per_msg client={run['client']:.1f} "
+                  f"broker={run['broker']:.1f} writer={run['helpers']:.1f} server={run['server']:.1f}", flush=True)
+    median = {tree: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for tree, rs in runs.items()}
+    base = median[args.trees[0]]
+    for tree, m in median.items():
+        print(f"SUMMARY mode=alternate tree={tree} rounds={args.rounds} median_tps={m['tps']:,.0f} "
+              f"tps_ratio={m['tps'] / base['tps']:.2f} median_server_cpu_us={m['server']:.1f} "
+              f"server_cpu_ratio={m['server'] / base['server']:.2f} median_broker_cpu_us={m['broker']:.1f} "
+              f"median_writer_cpu_us={m['helpers']:.1f} median_client_cpu_us={m['client']:.1f}", flush=True)
+
+
 async def main_async(args) -> None:
     proc = None
     metrics_addr = None
@@ -363,7 +452,10 @@ async def main_async(args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=["producer", "consumer", "transaction", "compare"])
+    parser.add_argument("mode", choices=["producer", "consumer", "transaction", "compare", "alternate"])
+    parser.add_argument("--trees", nargs="+", default=[str(Path(__file__).resolve().parents[1])],
+                        help="alternate mode: checkouts to run in turn (the first is the reference)")
+    parser.add_argument("--rounds", type=int, default=3, help="alternate mode: runs of each checkout")
     parser.add_argument("--namesrv", default="127.0.0.1:9876")
     parser.add_argument("--spawn-broker", action="store_true")
     parser.add_argument("--async-flush", action="store_true")
@@ -380,6 +472,9 @@ def main() -> None:
     parser.add_argument("--check-timeout", type=int, default=1000, help="broker transactionTimeOut, ms")
     parser.add_argument("--check-interval", type=int, default=30_000, help="broker transactionCheckInterval, ms")
     args = parser.parse_args()
+    if args.mode == "alternate":
+        alternate(args)
+        return
     run_main(main_async(args))
 
 
