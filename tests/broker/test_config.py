@@ -79,7 +79,7 @@ def test_cli_refuses_unknown_key_naming_it():
 def test_cli_starts_logs_effective_config_and_stops_on_sigterm(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "halfmq.broker.cli", "broker", "--bindAddress=127.0.0.1",
                              "--listenPort=0", "--namesrvListenPort=0", f"--storePathRootDir={tmp_path}",
-                             "--mapSize=67108864", "--metricsPromExporterPort=0"],
+                             "--mapSize=67108864", "--metricsPromExporterPort=0", "--grpcListenPort=-1"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         seen = []
@@ -132,7 +132,8 @@ def test_cli_port_in_use_is_one_clear_line(tmp_path, setting):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        flags = {"listenPort": 0, "namesrvListenPort": 0, "metricsPromExporterPort": 0, setting: port}
+        flags = {"listenPort": 0, "namesrvListenPort": 0, "metricsPromExporterPort": 0, "grpcListenPort": -1,
+                 setting: port}
         result = run_cli("broker", "--bindAddress=127.0.0.1", f"--storePathRootDir={tmp_path}", "--mapSize=67108864",
                          *(f"--{key}={value}" for key, value in flags.items()))
     assert result.returncode == 1, result
