@@ -3,7 +3,8 @@
 each test then asserts the exact contents of the target topic: every row once, or none.
 
 Broker: check-backs every second and no per-producer cap on unread checks, so undecided halves are resolved within
-seconds of their immunity (the jobs set checkImmunitySeconds=3). After a crash the test runs a producer of the sink group, as the next job would be.
+seconds of their immunity (the jobs set checkImmunitySeconds=10). After a crash the test runs a producer of the
+sink group, as the next job would be.
 """
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ from halfmq.protocol.message import decode_record
 from tests.support.broker_thread import BrokerThread
 
 GROUP = "halfmq-spark-sink"
+#: The jobs' checkImmunitySeconds: orphans are checked soon after a crash, and the halves of a running job are
+#: not asked about every second while it writes (each check costs the broker about what a send does).
+IMMUNITY = "10"
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -69,7 +73,7 @@ def pending(broker) -> int:
     return sum(1 for _offset, state in broker.store.iter_halves() if state.pending and state.group == GROUP)
 
 
-def settle(broker, timeout: float = 120) -> None:
+def settle(broker, timeout: float = 300) -> None:
     """Run a producer of the sink group (the next job would) until no half of the group is pending."""
     from halfmq.pipeline.sink_io import sink_producer
 
@@ -185,7 +189,7 @@ def expect_each_once(bodies: list[bytes], count: int) -> None:
 def test_driver_killed_during_a_batch_commit_publishes_every_row_once(broker, tmp_path):
     driver = Driver(tmp_path, "batch", broker.namesrv_addr, "CrashBatch", "30000")
     # Killed once the commit has published its first rows, long before its last.
-    wait_until(lambda: published(broker, "CrashBatch") > 0, 300, "the commit to start")
+    wait_until(lambda: published(broker, "CrashBatch") > 0, 600, "the commit to start")
     driver.kill()
     published_at_kill = published(broker, "CrashBatch")
     settle(broker)
@@ -195,7 +199,7 @@ def test_driver_killed_during_a_batch_commit_publishes_every_row_once(broker, tm
 
 def test_driver_killed_before_a_batch_commit_publishes_nothing(broker, tmp_path):
     driver = Driver(tmp_path, "batch", broker.namesrv_addr, "CrashEarly", "30000")
-    wait_until(lambda: pending(broker) >= 10_000, 300, "10,000 halves stored")
+    wait_until(lambda: pending(broker) >= 10_000, 600, "10,000 halves stored")
     driver.kill()
     settle(broker)
     assert committed(broker, "CrashEarly") == []
@@ -238,7 +242,7 @@ def _session(master: str = "local[2]"):
 
 def _write(df, namesrv: str, topic: str) -> None:
     (df.write.format("halfmq").option("namesrv", namesrv).option("topic", topic)
-     .option("checkImmunitySeconds", "3").mode("append").save())
+     .option("checkImmunitySeconds", IMMUNITY).mode("append").save())
 
 
 def _rows(spark, count: int, partitions: int = 4):
@@ -261,7 +265,7 @@ def _drive(mode: str, namesrv: str, *args: str) -> None:
         query = (spark.readStream.format("halfmq").option("namesrv", namesrv).option("subscribe", source)
                  .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "3000").load()
                  .select("body").writeStream.format("halfmq").option("namesrv", namesrv).option("topic", target)
-                 .option("checkImmunitySeconds", "3").option("checkpointLocation", checkpoint)
+                 .option("checkImmunitySeconds", IMMUNITY).option("checkpointLocation", checkpoint)
                  .trigger(availableNow=True).start())
         query.awaitTermination()
     elif mode == "failures":
