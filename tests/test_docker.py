@@ -15,8 +15,8 @@ a message is sent and consumed from the host with halfmq's Python client, throug
 the section's remaining commands (``docker exec ... admin``, ``docker stop``) run; the stopped broker must have
 exited with status 0. The daemon, and with it every image, container and volume, is removed at the end.
 
-Takes 2 to 3 minutes from a cold start on the 2-core CI machine, busy or not: the base image 50-100 s
-(debootstrap, downloading every package), the build 40 s, start-up to healthy 15 s, the rest a few seconds.
+Takes 1.5 minutes from a cold start on the 2-core CI machine, 3 when others load it: the base image 55-100 s
+(debootstrap, downloading every package), the build 20-40 s, start-up to healthy 12 s, the rest a few seconds.
 scripts/install_docker.sh installs docker.io and debootstrap.
 """
 from __future__ import annotations
@@ -148,6 +148,13 @@ async def test_health_check_reads_the_running_brokers_own_configuration(tmp_path
         health.check(config)
 
 
+def diagnosis(dockerd: Dockerd, container: str) -> str:
+    """The container's health check results and the broker's last output, for a failure message."""
+    checks = dockerd.docker("inspect", "--format", "{{json .State.Health}}", container, check=False)
+    logs = dockerd.docker("logs", "--tail", "40", container, check=False)
+    return f"health: {checks.stdout}{checks.stderr}\nbroker output:\n{logs.stdout}{logs.stderr}"
+
+
 def option(commands: list[list[str]], command: str, name: str) -> str:
     """The value of option ``name`` in the section's ``docker command``."""
     argv = next(argv for argv in commands if argv[1] == command)
@@ -177,7 +184,10 @@ def test_readme_docker_section_builds_runs_and_serves_on_another_port():
             argv = for_this_machine(argv, ports)
             if argv[1] == "inspect":
                 started = time.monotonic()
-                events.wait_healthy(HEALTH_TIMEOUT)
+                try:
+                    events.wait_healthy(HEALTH_TIMEOUT)
+                except AssertionError as exc:
+                    raise AssertionError(f"{exc}\n{diagnosis(dockerd, container)}") from None
                 print(f"healthy after {time.monotonic() - started:.1f} s more")
             if argv[1] in ("exec", "stop") and not exchanged:
                 asyncio.run(send_and_consume(f"127.0.0.1:{ports['9876']}"))
@@ -188,7 +198,7 @@ def test_readme_docker_section_builds_runs_and_serves_on_another_port():
             print(f"{shlex.join(argv)}: {time.monotonic() - started:.1f} s")
             assert done.returncode == 0, (f"{shlex.join(argv)} exited with {done.returncode}:\n"
                                           f"{done.stdout[-3000:]}{done.stderr[-3000:]}\n"
-                                          f"{dockerd.docker('logs', container, check=False).stdout[-3000:]}")
+                                          f"{diagnosis(dockerd, container)}")
             outputs.append((argv, done.stdout))
         assert exchanged, "the section never reached a command after start-up (exec or stop)"
         health = next(out for argv, out in outputs if argv[1] == "inspect")
