@@ -2,7 +2,8 @@
 creates, so it meets no other Docker on the machine and leaves nothing behind.
 
 - Its own data root, exec root, pid file and socket in the folder; ``vfs`` storage (no overlay mounts needed).
-- Its own bridge (BRIDGE, created here and deleted at the end), and no iptables rules, NAT or ip_forward changes:
+- Its own bridge (``hmqdk<pid>`` on a /24 of 10.213.0.0/16 that no interface uses, created here and deleted at the
+  end, so two test runs on one machine do not meet), and no iptables rules, NAT or ip_forward changes:
   the host reaches containers through published ports, which docker-proxy serves; an image build that needs the
   network (pip, apt) runs with ``--network host``.
 - Started and stopped by its PID (SIGTERM, then SIGKILL after a timeout); ready when its log says the API
@@ -25,9 +26,8 @@ from pathlib import Path
 #: The docker.io package's client: it builds with BuildKit (DOCKER_BUILDKIT=1) without the buildx plugin, twice
 #: as fast as the legacy builder here, which copies the whole root file system (vfs) for each Dockerfile line.
 CLIENT = "/usr/bin/docker" if os.access("/usr/bin/docker", os.X_OK) else "docker"
-BRIDGE = "halfmq-dk0"
 TMPFS_SIZE = "8g"
-BRIDGE_ADDRESS = "10.213.77.1/24"
+BRIDGE_NETWORK = "10.213"  # its bridge takes the first 10.213.N.0/24 that no interface of the machine has
 
 
 class DockerdFailed(RuntimeError):
@@ -48,6 +48,7 @@ class Dockerd:
         self.proc: subprocess.Popen | None = None
         self.lines: collections.deque[str] = collections.deque(maxlen=100)
         self._listening = threading.Event()
+        self.bridge = f"hmqdk{os.getpid()}"[:15]  # interface names are at most 15 characters
         self._bridge_made = False
 
     def start(self, timeout: float = 60.0) -> Dockerd:
@@ -60,7 +61,7 @@ class Dockerd:
         self.proc = subprocess.Popen(
             ["dockerd", "--data-root", str(self.root / "data"), "--exec-root", str(self.root / "exec"),
              "--pidfile", str(self.root / "dockerd.pid"), "-H", f"unix://{self.socket}", "--storage-driver", "vfs",
-             "--bridge", BRIDGE, "--iptables=false", "--ip6tables=false", "--ip-masq=false", "--ip-forward=false"],
+             "--bridge", self.bridge, "--iptables=false", "--ip6tables=false", "--ip-masq=false", "--ip-forward=false"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
         threading.Thread(target=self._read_log, daemon=True).start()
         if not self._listening.wait(timeout):
@@ -70,12 +71,15 @@ class Dockerd:
         return self
 
     def _make_bridge(self) -> None:
-        if subprocess.run(["ip", "link", "show", BRIDGE], check=False, capture_output=True).returncode == 0:
-            raise DockerdFailed(f"bridge {BRIDGE} exists: another test's daemon is running, or one was killed "
-                                f"(remove it with: ip link delete {BRIDGE})")
-        for command in (["ip", "link", "add", BRIDGE, "type", "bridge"],
-                        ["ip", "addr", "add", BRIDGE_ADDRESS, "dev", BRIDGE],
-                        ["ip", "link", "set", BRIDGE, "up"]):
+        in_use = subprocess.run(["ip", "-o", "-4", "addr", "show"], check=False, capture_output=True,
+                                text=True).stdout
+        subnet = next((n for n in range(1, 255) if f" {BRIDGE_NETWORK}.{n}." not in in_use), None)
+        if subnet is None:
+            raise DockerdFailed(f"every {BRIDGE_NETWORK}.N.0/24 is in use: bridges left by killed test runs? "
+                                f"(ip -o addr show | grep hmqdk)")
+        for command in (["ip", "link", "add", self.bridge, "type", "bridge"],
+                        ["ip", "addr", "add", f"{BRIDGE_NETWORK}.{subnet}.1/24", "dev", self.bridge],
+                        ["ip", "link", "set", self.bridge, "up"]):
             done = subprocess.run(command, check=False, capture_output=True, text=True)
             if done.returncode:
                 raise DockerdFailed(f"{' '.join(command)}: {done.stderr.strip()}")
@@ -116,7 +120,7 @@ class Dockerd:
                 subprocess.run(["umount", str(self.root)], check=False, capture_output=True)
             shutil.rmtree(self.root, ignore_errors=True)
             if self._bridge_made:
-                subprocess.run(["ip", "link", "delete", BRIDGE], check=False, capture_output=True)
+                subprocess.run(["ip", "link", "delete", self.bridge], check=False, capture_output=True)
 
     def _unmount_leftovers(self) -> None:
         """dockerd leaves its default network namespace mounted under the exec root: the tmpfs cannot be unmounted,
