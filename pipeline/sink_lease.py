@@ -7,7 +7,7 @@ write and micro-batch of that driver shares it.
 Spark runs a data source's driver-side code in short-lived Python workers, so no Python object lives through a
 job: the writer finds or starts this process when Spark ships it to the tasks, and it watches the driver's JVM.
 
-    python -m halfmq.pipeline.sink_lease NAMESRV SINK_GROUP OWNER_ID DRIVER_PID
+    python -m halfmq.pipeline.sink_lease NAMESRV SINK_GROUP OWNER_ID DRIVER_PID RECORD_FILE
 """
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def ensure(namesrv: str, group: str) -> str:
     # The driver's pid and start time: a later process reusing the pid is another driver.
     name = hashlib.sha1(f"{driver}:{_start_time(driver)}:{namesrv}:{group}".encode()).hexdigest()[:20]
     record = folder / name
-    with open(folder / f"{name}.lock", "w") as lock:
+    with open(folder / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # planner workers of one driver may run at once
         try:
             pid_text, owner = record.read_text().split()
@@ -81,14 +81,14 @@ def ensure(namesrv: str, group: str) -> str:
         except (OSError, ValueError):
             pass
         owner = uuid.uuid4().hex
-        pid = _start(namesrv, group, owner, driver)
+        pid = _start(namesrv, group, owner, driver, record)
         record.write_text(f"{pid} {owner}")
         return owner
 
 
-def _start(namesrv: str, group: str, owner: str, driver: int, timeout: float = 60.0) -> int:
+def _start(namesrv: str, group: str, owner: str, driver: int, record: Path, timeout: float = 60.0) -> int:
     proc = subprocess.Popen([sys.executable, "-m", "halfmq.pipeline.sink_lease", namesrv, group, owner,
-                             str(driver)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             str(driver), str(record)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, start_new_session=True, text=True)
     # One line once it is registered, then the pipe is closed: the owner outlives this (short-lived) worker.
     ready, _w, _x = select.select([proc.stdout], [], [], timeout)
@@ -102,7 +102,7 @@ def _start(namesrv: str, group: str, owner: str, driver: int, timeout: float = 6
     return proc.pid
 
 
-async def _hold(namesrv: str, group: str, owner_id: str, watched: int) -> None:
+async def _hold(namesrv: str, group: str, owner_id: str, watched: int, record: Path) -> None:
     from halfmq.client import TransactionProducer
 
     from .sink_io import owner_group, sink_producer
@@ -128,12 +128,17 @@ async def _hold(namesrv: str, group: str, owner_id: str, watched: int) -> None:
         await member.close()
         await owner.close()
         await listener.close()
+        try:  # the driver's record of this process, unless a newer owner replaced it
+            if record.read_text().split()[1] == owner_id:
+                record.unlink()
+        except (OSError, IndexError):
+            pass
 
 
 def main() -> None:
-    namesrv, group, owner_id, watched = sys.argv[1:5]
+    namesrv, group, owner_id, watched, record = sys.argv[1:6]
     try:
-        asyncio.run(_hold(namesrv, group, owner_id, int(watched)))
+        asyncio.run(_hold(namesrv, group, owner_id, int(watched), Path(record)))
     except Exception as exc:
         print(f"sink lease failed: {exc}", file=sys.stderr, flush=True)
         sys.exit(1)
