@@ -1,5 +1,5 @@
-# halfmq broker image: docker build -t halfmq . (README.md's Docker section shows how to run it; tests/test_docker.py
-# runs those commands)
+# halfmq broker image (remoting, name server, metrics, and gRPC for RocketMQ 5 clients): docker build -t halfmq .
+# (README.md's Docker section shows how to run it; tests/test_docker.py runs those commands)
 # BASE_IMAGE: any Debian-like image with python3 (>= 3.11, with venv) and useradd; tests/test_docker.py builds on
 # one it makes with debootstrap (scripts/make_base_image.sh), as no image registry is reachable there.
 ARG BASE_IMAGE=python:3.11-slim
@@ -22,14 +22,14 @@ COPY client client
 COPY pipeline pipeline
 COPY conf conf
 COPY scripts scripts
-# The same install step the README's commands and the tests run (.venv with halfmq in it).
-RUN bash scripts/bootstrap.sh \
+# The same install step the README's commands and the tests run (.venv with halfmq and its gRPC endpoint in it).
+RUN bash scripts/bootstrap.sh grpc \
     && useradd --system --home-dir /var/lib/halfmq --create-home halfmq \
     && mkdir -p /etc/halfmq && cp conf/broker.conf conf/plain_acl.yml /etc/halfmq/ && chown -R halfmq /etc/halfmq
 
 USER halfmq
 VOLUME ["/var/lib/halfmq", "/etc/halfmq"]
-EXPOSE 9876 10911 5557
+EXPOSE 9876 10911 5557 8081
 # Healthy when the broker answers on its port (it listens only once the store is open and services run): the
 # listenPort the running broker was given, by broker.conf, HALFMQ_listenPort or a flag (broker/health.py).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \

@@ -11,10 +11,15 @@ spec="."
 [ -n "$extras" ] && spec=".[$extras]"
 stamps=".venv/.halfmq-installed-$(sha256sum pyproject.toml | cut -c1-16)"
 stamp="$stamps-${extras:-base}"
-# Every install has the base package: a request without extras is met by any install of this pyproject.toml.
-if [ -z "$extras" ] && compgen -G "$stamps-*" >/dev/null; then
-    exit 0
-fi
+# A request is met by any install of this pyproject.toml with at least its extras (every install has the base).
+wanted=$(tr ',' '\n' <<<"$extras" | grep -v '^$' | sort -u || true)
+for installed in "$stamps"-*; do
+    [ -e "$installed" ] || continue
+    have=$(tr ',' '\n' <<<"${installed#"$stamps"-}" | sort -u)
+    if [ -z "$(comm -23 <(printf '%s\n' "$wanted" | grep -v '^$' || true) <(printf '%s\n' "$have"))" ]; then
+        exit 0
+    fi
+done
 if [ ! -f "$stamp" ]; then
     .venv/bin/python -m pip install --quiet --upgrade pip
     .venv/bin/python -m pip install --quiet -e "$spec"
