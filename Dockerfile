@@ -9,9 +9,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     PATH=/opt/halfmq/.venv/bin:$PATH \
     HALFMQ_storePathRootDir=/var/lib/halfmq \
     HALFMQ_aclConfigFile=/etc/halfmq/plain_acl.yml
-# tini is PID 1: it hands docker stop's SIGTERM to the broker and reaps. The broker itself must not be PID 1: its
-# store writer process takes a parent of PID 1 for an orphan's (its broker died) and exits, so the broker as PID 1
-# could not open its store.
+# tini is PID 1: it hands docker stop's SIGTERM to the broker and reaps. (The broker can be PID 1 too, e.g. under
+# `docker run --entrypoint halfmq`: its store writer checks for its own broker's PID, not for a parent other than 1.)
 RUN apt-get update && apt-get install -y --no-install-recommends tini && rm -rf /var/lib/apt/lists/*
 WORKDIR /opt/halfmq
 COPY pyproject.toml README.md ./

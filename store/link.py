@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
 import pickle
 import socket
 import subprocess
@@ -59,7 +60,8 @@ class WriterLink:
         self.inherit_fds = inherit_fds  # the store's owner lock: held as long as the writer lives
         self.last_commit_seconds = 0.0  # the writer's last commit (its data sync included)
         self.last_sync_seconds = 0.0    # from a group's hand-off to its publication (durable)
-        self.args = [path, str(map_size), str(max_map_size), "1" if sync_each else "0", str(flush_interval_ms)]
+        self.args = [path, str(map_size), str(max_map_size), "1" if sync_each else "0", str(flush_interval_ms),
+                     str(os.getpid())]
         self.publish = publish        # publish([(completion, outcome)], grown) in group order
         self.on_ready = on_ready      # on_ready(queue_max, topic_ids) when a writer (re)started
         self.new_topics: Callable[[dict], None] = lambda topics: None

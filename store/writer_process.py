@@ -1,5 +1,5 @@
 """Entry point of the store's writer process (writer.py): ``python -m halfmq.store.writer_process PATH MAP_SIZE
-MAX_MAP_SIZE SYNC_EACH FLUSH_INTERVAL_MS FD``, FD being its end of the socket to the broker."""
+MAX_MAP_SIZE SYNC_EACH FLUSH_INTERVAL_MS BROKER_PID FD``, FD being its end of the socket to the broker."""
 from __future__ import annotations
 
 import logging
@@ -22,12 +22,14 @@ def _die_with_parent() -> None:
 
 
 def main(argv: list[str]) -> int:
-    path, map_size, max_map_size, sync_each, interval_ms, fd = argv
+    path, map_size, max_map_size, sync_each, interval_ms, broker_pid, fd = argv
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the broker decides
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s halfmq writer: %(message)s")
     sock = socket.socket(fileno=int(fd))
-    if os.getppid() == 1:
+    # The broker died before the death signal was armed: the writer was re-parented. (A broker that is PID 1 itself,
+    # in a container without an init, is a parent like any other.)
+    if os.getppid() != int(broker_pid):
         return 1
     return serve(path, int(map_size), int(max_map_size), sync_each == "1", int(interval_ms) / 1000, sock)
 

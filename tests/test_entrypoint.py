@@ -74,3 +74,44 @@ def test_dockerignore_keeps_the_context_to_what_the_image_copies():
     copied = [part for line in (ROOT / "Dockerfile").read_text().splitlines() if line.startswith("COPY ")
               for part in line.split()[1:-1]]
     assert copied and not [path for path in copied if ignored(path)]
+
+
+async def test_the_broker_as_pid_1_opens_its_store(tmp_path):
+    """In a container without an init the broker is PID 1: its store writer must still take it for its parent
+    (it took any parent of PID 1 for an orphan's and quit, so the store never opened)."""
+    proc = await asyncio.create_subprocess_exec(
+        "unshare", "--pid", "--fork", "--kill-child", sys.executable, "-m", "halfmq.broker.cli", "broker",
+        "--bindAddress=127.0.0.1", "--listenPort=0", "--namesrvListenPort=0", "--metricsPromExporterPort=-1",
+        "--grpcListenPort=-1", f"--storePathRootDir={tmp_path / 'store'}", "--mapSize=67108864",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    output = b""
+    try:
+        while True:
+            line = await asyncio.wait_for(proc.stdout.readline(), 30)
+            output += line
+            assert line, f"the broker exited before it was ready: {output.decode()[-2000:]}"
+            match = re.search(rb"halfmq ready: broker (\S+) namesrv (\S+)", line)
+            if match:
+                break
+        async with Producer("PG", match.group(2).decode()) as producer:
+            await producer.send(Message("Pid1", b"stored by a broker that is PID 1"))
+        os.kill(_child_of(proc.pid), signal.SIGTERM)  # the broker: unshare waits for it and exits with its status
+        await asyncio.wait_for(proc.wait(), 30)
+        assert proc.returncode == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()  # unshare: --kill-child takes the broker with it
+            await proc.wait()
+
+
+def _child_of(pid: int) -> int:
+    """The process whose parent is ``pid`` (the broker unshare started)."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = (Path("/proc") / entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                return int(entry)
+    raise AssertionError(f"process {pid} has no child")
