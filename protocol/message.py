@@ -180,20 +180,10 @@ def decode_record(buf, pos: int = 0) -> MessageRecord:
         if body_len < 0 or p + body_len > pos + size:
             raise MessageFormatError(f"body length {body_len} out of range")
         body = bytes(buf[p:p + body_len])
-        p += body_len
-        if magic == MAGIC_V2:
-            (topic_len,) = _U16.unpack_from(buf, p)
-            p += 2
-        else:
-            topic_len = buf[p]
-            p += 1
-        topic = bytes(buf[p:p + topic_len]).decode()
-        p += topic_len
-        (props_len,) = _U16.unpack_from(buf, p)
-        p += 2
-        if p + props_len > pos + size:
+        topic, props_text, end = _after_body(buf, p + body_len, magic)
+        if end > pos + size:
             raise MessageFormatError("properties run past the record")
-        props = decode_properties(bytes(buf[p:p + props_len]).decode())
+        props = decode_properties(props_text)
     except (struct.error, IndexError, UnicodeDecodeError, ValueError) as exc:
         if isinstance(exc, MessageFormatError):
             raise
@@ -203,6 +193,25 @@ def decode_record(buf, pos: int = 0) -> MessageRecord:
                          born_host=born_host, store_timestamp=store_ts, store_host=store_host,
                          reconsume_times=reconsume, prepared_transaction_offset=prepared,
                          properties=props, body_crc=crc, store_size=size)
+
+
+def _after_body(buf, p: int, magic: int) -> tuple[str, str, int]:
+    """The topic and the raw property string that follow a record's body at ``p``, and where they end.
+
+    Raises:
+        struct.error, IndexError, UnicodeDecodeError: truncated or not UTF-8.
+    """
+    if magic == MAGIC_V2:
+        (topic_len,) = _U16.unpack_from(buf, p)
+        p += 2
+    else:
+        topic_len = buf[p]
+        p += 1
+    topic = bytes(buf[p:p + topic_len]).decode()
+    p += topic_len
+    (props_len,) = _U16.unpack_from(buf, p)
+    p += 2
+    return topic, bytes(buf[p:p + props_len]).decode(), p + props_len
 
 
 def _body_length_pos(buf) -> int:
@@ -269,20 +278,7 @@ def mark_committed(buf: bytearray, prepared_offset: int) -> None:
 
 def record_properties_text(buf) -> str:
     """The raw property string of an encoded record (no other field is decoded)."""
-    try:
-        (magic,) = _HEAD_MAGIC.unpack_from(buf, 4)
-        p = _body_length_pos(buf)
-        (body_len,) = _I32.unpack_from(buf, p)
-        p += 4 + body_len
-        if magic == MAGIC_V2:
-            (topic_len,) = _U16.unpack_from(buf, p)
-            p += 2 + topic_len
-        else:
-            p += 1 + buf[p]
-        (props_len,) = _U16.unpack_from(buf, p)
-        return bytes(buf[p + 2:p + 2 + props_len]).decode()
-    except (struct.error, IndexError, UnicodeDecodeError):
-        raise MessageFormatError("truncated or malformed record") from None
+    return record_place(buf).properties_text
 
 
 def decode_records(buf) -> list[MessageRecord]:
@@ -437,23 +433,11 @@ def record_place(buf) -> RecordPlace:
         MessageFormatError: ``buf`` is not a well-formed record.
     """
     try:
-        (queue_id,) = _I32.unpack_from(buf, 12)
-        (queue_offset,) = _I64.unpack_from(buf, QUEUE_OFFSET_POS)
-        (store_ts,) = _I64.unpack_from(buf, store_timestamp_pos(buf))
-        (magic,) = _HEAD_MAGIC.unpack_from(buf, 4)
-        p = _body_length_pos(buf)
-        (body_len,) = _I32.unpack_from(buf, p)
-        p += 4 + body_len
-        if magic == MAGIC_V2:
-            (topic_len,) = _U16.unpack_from(buf, p)
-            p += 2
-        else:
-            topic_len = buf[p]
-            p += 1
-        topic = bytes(buf[p:p + topic_len]).decode()
-        p += topic_len
-        (props_len,) = _U16.unpack_from(buf, p)
-        props = bytes(buf[p + 2:p + 2 + props_len]).decode()
+        (sys_flag,) = _I32.unpack_from(buf, SYSFLAG_POS)
+        head = RECORD_HEADS[sys_flag & HOST_FLAGS]
+        _size, magic, _crc, queue_id, _flag, queue_offset, *_, store_ts, _store, _re, _prep, body_len = \
+            head.unpack_from(buf)
+        topic, props, _end = _after_body(buf, head.size + body_len, magic)
     except (struct.error, IndexError, UnicodeDecodeError):
         raise MessageFormatError("truncated or malformed record") from None
     return RecordPlace(topic, queue_id, queue_offset, store_ts, props)
