@@ -179,9 +179,6 @@ async def test_freed_pages_are_reused(open_store, tmp_path):
 async def test_a_writer_killed_in_the_middle_of_a_pass_leaves_a_consistent_store(open_store, seed):
     """SIGKILL of the writer while retention slices are in flight, then the store opened again from disk: what
     stays is whole and readable, offsets continue where they were, and nothing is given twice."""
-    import random
-    import signal
-
     rng = random.Random(seed)
     store = await open_store()
     for _ in range(10):
