@@ -173,14 +173,17 @@ class Producer:
         Raises:
             ValueError: empty batch, several topics, or delayed messages.
         """
+        ids, body = self._batch_body(msgs)
+        return await self._send(msgs[0], {P.WAIT: "true"}, queue, ",".join(ids),
+                                code=RequestCode.SEND_BATCH_MESSAGE, body=body, batch=True)
+
+    def _batch_body(self, msgs: list[Message]) -> tuple[list[str], bytes]:
+        """The message ids and the SEND_BATCH_MESSAGE body of ``msgs``."""
         if not msgs:
             raise ValueError("empty batch")
         if len({m.topic for m in msgs}) != 1 or any(m.delay_level for m in msgs):
             raise ValueError("a batch holds messages of one topic and without delay")
         ids = [self.uniq.next() for _ in msgs]
-        body = encode_batch([BatchItem(m.body, encode_properties(m.wire_properties(uid)), m.flag)
-                             for m, uid in zip(msgs, ids, strict=True)])
-        result = await self._send(msgs[0], {P.WAIT: "true"}, queue, ",".join(ids),
-                                  code=RequestCode.SEND_BATCH_MESSAGE, body=body, batch=True)
-        return result
+        return ids, encode_batch([BatchItem(m.body, encode_properties(m.wire_properties(uid)), m.flag)
+                                  for m, uid in zip(msgs, ids, strict=True)])
 

@@ -120,6 +120,23 @@ class TransactionProducer(Producer):
         props = msg.wire_properties(uniq, {P.TRAN_MSG: "true", P.PGROUP: self.group})
         return await self._send(msg, props, queue, uniq, sys_flag=SysFlag.TRANSACTION_PREPARED_TYPE)
 
+    async def send_half_batch(self, msgs: list[Message], queue: MessageQueue | None = None,
+                              properties: dict[str, str] | None = None) -> SendResult:
+        """Store ``msgs`` (one topic) as one batch half: a halfmq extension (RocketMQ's brokers and clients refuse
+        transactional batches). One decision or check-back commits or rolls back all of them together; once
+        committed they are consecutive messages of one queue. ``properties`` are the half's own (a check-back
+        sees them; each message inherits those it does not set itself). The result's message id is the half's.
+
+        Raises:
+            ValueError: empty, several topics, or a delay level.
+            BrokerError: the broker refused the batch (a broker other than halfmq refuses it too).
+        """
+        _ids, body = self._batch_body(msgs)
+        uniq = self.uniq.next()
+        props = {**(properties or {}), P.WAIT: "true", P.TRAN_MSG: "true", P.PGROUP: self.group, P.UNIQ_KEY: uniq}
+        return await self._send(msgs[0], props, queue, uniq, sys_flag=SysFlag.TRANSACTION_PREPARED_TYPE,
+                                code=RequestCode.SEND_BATCH_MESSAGE, body=body, batch=True)
+
     async def _broker_connection(self, queue: MessageQueue) -> Connection:
         conn = self._connections.get(queue.broker_name)
         if conn is None or not conn.is_open:

@@ -40,6 +40,7 @@ class HalfState:
     decided_by: str | None = None   #: "producer", "check" or "discard"
     committed_offset: int | None = None
     discarded_offset: int | None = None
+    batch: int | None = None        #: a batch half: how many messages its body holds (records, committed together)
 
     @property
     def pending(self) -> bool:

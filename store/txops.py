@@ -4,6 +4,10 @@ PREPARED → COMMITTED | ROLLED_BACK | DISCARDED, and DISCARDED → PREPARED by 
 applied in one LMDB write transaction: a commit writes the real-topic record, its consume-queue entry and the
 half's new state together, so a crash can neither lose a commit nor deliver it twice, and the first durable
 decision wins. The broker's TransactionStates submits these and keeps the metrics.
+
+A batch half (halfmq's transactional batch, HalfState.batch) holds in its body the records of its messages, built
+whole when it was prepared; its commit stores them all in the same write, so its messages become visible together
+or not at all.
 """
 from __future__ import annotations
 
@@ -11,13 +15,15 @@ from dataclasses import dataclass
 
 from halfmq.protocol import properties as P
 from halfmq.protocol.message import (body_crc_matches, decode_record, mark_committed, record_properties_text,
-                                     rewrite_record)
+                                     rewrite_record, split_records)
+from halfmq.protocol.errors import MessageFormatError
+from halfmq.protocol.properties import decode_properties
 
 from .context import WriteContext
 from .errors import CorruptRecordError, HalfConflictError, HalfMismatchError, HalfNotFoundError
 from .halfs import STATUSES, HalfState, HalfStatus
 from .ops import Op
-from .requests import PutRequest, PutResult, message_request
+from .requests import PutRequest, PutResult, message_request, record_request
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +53,25 @@ def _half_record(wctx: WriteContext, half_offset: int) -> bytes:
     return raw
 
 
+def _commit_requests(raw: bytes, half_offset: int, state: HalfState) -> list[PutRequest]:
+    """What a commit stores: the half's message in its real topic, or for a batch half the records its body holds
+    (built whole when it was prepared, so only the fields of the commit are written into them here)."""
+    if not state.batch:
+        record = rewrite_record(raw, state.topic, state.queue_id, record_properties_text(raw))
+        mark_committed(record, half_offset)
+        return [PutRequest(state.topic, state.queue_id, record, state.tags_code, True, state.keys)]
+    try:
+        records = split_records(decode_record(raw).body)
+    except MessageFormatError as exc:
+        raise CorruptRecordError(half_offset, f"the batch half's body: {exc}") from None
+    if len(records) != state.batch:
+        raise CorruptRecordError(half_offset, f"the batch half holds {len(records)} records, not {state.batch}")
+    for record in records:
+        mark_committed(record, half_offset)
+    return [record_request(record, state.topic, state.queue_id, decode_properties(record_properties_text(record)))
+            for record in records]
+
+
 @dataclass(slots=True)
 class PrepareHalf(Op):
     """Store a half message (in the half topic) and its PREPARED state, first check due ``delay_ms`` later."""
@@ -54,16 +79,17 @@ class PrepareHalf(Op):
     request: PutRequest          #: the half record, in the half topic (not indexed by KEYS there)
     state: HalfState             #: its state, without the fields only the store knows
     delay_ms: int
+    batch_keys: tuple[str, ...] = ()  #: a batch half: the KEYS of its messages (those that have some)
 
     def __reduce__(self):  # to the writer as a plain tuple: a third of the default's cost (see HalfState)
-        return PrepareHalf, (self.request, self.state, self.delay_ms)
+        return PrepareHalf, (self.request, self.state, self.delay_ms, self.batch_keys)
 
     def apply(self, wctx: WriteContext) -> tuple[PutResult, HalfState]:
         # The commit will index the real topic by these KEYS: refuse them now, not at the commit.
-        wctx.check_message(PutRequest(self.state.topic, self.state.queue_id, self.request.record,
-                                      keys=self.state.keys))
-        result = wctx.put_message(self.request)
         state = self.state
+        for keys in (state.keys, *self.batch_keys):
+            wctx.check_message(PutRequest(state.topic, state.queue_id, self.request.record, keys=keys))
+        result = wctx.put_message(self.request)
         state.queue_offset, state.store_ts, state.size = result.queue_offset, result.store_timestamp, result.size
         state.due = result.store_timestamp + self.delay_ms
         wctx.put_half(result.physical_offset, state)
@@ -101,11 +127,10 @@ class DecideHalf(Op):
             raise HalfConflictError(f"the transaction is already {current.value}; {wanted.value} refused")
         committed = None
         if self.commit:
-            raw = _half_record(wctx, offset)
-            record = rewrite_record(raw, state.topic, state.queue_id, record_properties_text(raw))
-            mark_committed(record, offset)
-            request = PutRequest(state.topic, state.queue_id, record, state.tags_code, True, state.keys)
-            committed = wctx.put_message(request)
+            requests = _commit_requests(_half_record(wctx, offset), offset, state)
+            for request in requests:
+                wctx.check_message(request)
+            committed = [wctx.put_message(request) for request in requests][0]
             state.committed_offset = committed.physical_offset
         if current is HalfStatus.PREPARED:
             wctx.remove_due(state.due, offset)

@@ -124,11 +124,7 @@ class SendProcessor:
                             born_host=born_host(channel), store_host=ctx.store_host,
                             reconsume_times=header.reconsumeTimes or 0, properties=props)
         if props.get(P.TRAN_MSG) == "true":
-            if ctx.config.rejectTransactionMessage:
-                raise BrokerError(ResponseCode.NO_PERMISSION,
-                                  "the broker rejects transaction messages (rejectTransactionMessage=true)")
-            if _delay_level(props) > 0:
-                raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "a transaction message cannot have a delay level")
+            self._check_transactional(props)
             completion = ctx.transactions.prepare(rec, header.producerGroup, channel)
             return Deferred(completion, lambda value: self._half_response(cmd, queue_id, value[0], value[1].uniq))
         completion = self.submit_message(rec)
@@ -142,6 +138,13 @@ class SendProcessor:
                 "queueId": str(queue_id), "queueOffset": str(result.queue_offset), **_EXTRA})
 
         return Deferred(completion, finish)
+
+    def _check_transactional(self, props: dict[str, str]) -> None:
+        if self.ctx.config.rejectTransactionMessage:
+            raise BrokerError(ResponseCode.NO_PERMISSION,
+                              "the broker rejects transaction messages (rejectTransactionMessage=true)")
+        if _delay_level(props) > 0:
+            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "a transaction message cannot have a delay level")
 
     def _half_response(self, cmd: RemotingCommand, queue_id: int, result, transaction_id: str) -> RemotingCommand:
         ctx = self.ctx
@@ -206,7 +209,11 @@ class SendProcessor:
                               f"the batch holds {len(items)} messages, more than maxBatchMessageCount {max_count}")
         outer = decode_properties(header.properties or "")
         outer.pop(P.WAIT, None)
-        outer.pop(P.UNIQ_KEY, None)
+        transactional = outer.get(P.TRAN_MSG) == "true"
+        if transactional:  # a batch half (halfmq's extension): one transaction for all of its messages
+            self._check_transactional(outer)
+            check_message(topic, outer, header.producerGroup)
+        uniq = outer.pop(P.UNIQ_KEY, None)  # the batch's own: a batch half's transaction id, not its messages'
         outer[P.CLUSTER] = self.cluster
         # Every message is checked whole (with the batch-level properties it inherits) before the topic is
         # resolved, so a refused batch creates nothing.
@@ -234,6 +241,14 @@ class SendProcessor:
             requests.append(message_request(MessageRecord(
                 topic=topic, body=item.body, queue_id=queue_id, flag=item.flag, sys_flag=sys_flag,
                 born_timestamp=header.bornTimestamp, born_host=host, store_host=ctx.store_host, properties=props)))
+        if transactional:
+            if uniq is not None:
+                outer[P.UNIQ_KEY] = uniq
+            half = MessageRecord(topic=topic, body=b"", queue_id=queue_id, sys_flag=header.sysFlag,
+                                 born_timestamp=header.bornTimestamp, born_host=host, store_host=ctx.store_host,
+                                 properties=outer)
+            result, state = await ctx.transactions.prepare(half, header.producerGroup, channel, requests)
+            return self._half_response(cmd, queue_id, result, state.uniq)
         results = await ctx.store.submit(PutMessages(requests))
         if ctx.metrics is not None:
             ctx.metrics.message_in(topic, sum(len(i.body) for i in items), len(items))

@@ -13,7 +13,7 @@ import weakref
 from halfmq.protocol import properties as P
 from halfmq.protocol.codes import SysFlag
 from halfmq.protocol.message import MessageRecord, encode_record
-from halfmq.store import HalfConflictError, HalfState, HalfStatus, record_request
+from halfmq.store import HalfConflictError, HalfState, HalfStatus, PutRequest, record_request
 from halfmq.store.txops import DecideHalf, DiscardHalf, MakeDue, PrepareHalf, RescheduleChecks, ResumeHalf
 
 from ..topics import CHECK_MAX_TIME_TOPIC, HALF_TOPIC
@@ -61,9 +61,21 @@ class TransactionStates:
                 callback(due_ms)
 
     # --- transitions ---
-    def prepare(self, rec: MessageRecord, group: str, channel):
-        """Store ``rec`` as a half message (reference §5.2). Value: (PutResult, HalfState)."""
+    def prepare(self, rec: MessageRecord, group: str, channel, batch: list[PutRequest] | None = None):
+        """Store ``rec`` as a half message (reference §5.2). Value: (PutResult, HalfState).
+
+        With ``batch`` (the requests storing messages in rec's topic and queue), a batch half: a halfmq extension
+        (RocketMQ refuses transactional batches) giving many messages one decision, so a writer such as the Spark
+        sink pays one half and one decision per batch, not per message. Its body is the batch's records, which its
+        commit stores (txops.py).
+        """
         props = rec.properties
+        batch_keys: tuple[str, ...] = ()
+        if batch is not None:
+            rec.body = b"".join([request.record for request in batch])
+            props.pop(P.KEYS, None)  # each message's own KEYS become its index entries (checked by PrepareHalf)
+            props[P.HALF_BATCH] = str(len(batch))
+            batch_keys = tuple(request.keys for request in batch if request.keys)
         uniq = props.get(P.UNIQ_KEY, "")
         if uniq:
             props[P.TRANSACTION_ID] = uniq
@@ -72,7 +84,7 @@ class TransactionStates:
         props.setdefault(P.PGROUP, group)
         state = HalfState(HalfStatus.PREPARED, props[P.PGROUP], rec.topic, rec.queue_id, uniq, queue_offset=0,
                           store_ts=0, due=0, client_id=getattr(channel, "client_id", None),
-                          keys=props.get(P.KEYS) or None)
+                          keys=props.get(P.KEYS) or None, batch=None if batch is None else len(batch))
         rec.topic, rec.queue_id = HALF_TOPIC, 0
         rec.sys_flag &= ~SysFlag.TRANSACTION_MASK
         request = record_request(encode_record(rec), HALF_TOPIC, 0, props)
@@ -88,7 +100,7 @@ class TransactionStates:
                 self.ctx.metrics.half_prepared(state.topic)
             self._due(state.due)
 
-        return self._when_done(self.store.submit(PrepareHalf(request, state, delay)), prepared)
+        return self._when_done(self.store.submit(PrepareHalf(request, state, delay, batch_keys)), prepared)
 
     def decide(self, half_offset: int, group: str, queue_offset: int, decision: int, from_check: bool):
         """COMMIT or ROLLBACK (reference §5.3) with the first-decision-wins guard. Value: a txops.Decision.
