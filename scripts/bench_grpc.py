@@ -1,18 +1,27 @@
 """gRPC sends/s beside remoting sends/s against one broker, in the same run (issue 15).
 
-    python scripts/bench_grpc.py --size 1024 --inflight 64 --duration 10
+    python scripts/bench_grpc.py --size 1024 --inflight 64 --duration 10 --rounds 3
+    python scripts/bench_grpc.py --trees /tmp/base . --rounds 3   # two checkouts' brokers, in turn
 
-Starts a broker subprocess (SYNC_FLUSH, free ports, a temporary store), then measures in turn: remoting sends with
-halfmq's asyncio Producer, and gRPC SendMessage calls (what the RocketMQ 5 clients send) on one grpc.aio channel,
-each with ``--inflight`` requests in flight. The gRPC requests are serialized before the clock starts (distinct
-message ids), so the figure is the broker's, not the load generator's protobuf encoding. Prints both SUMMARY lines
-and the ratio.
+Starts a broker subprocess per checkout (SYNC_FLUSH, free ports, a temporary store), then, ``--rounds`` times and
+for each broker in turn, measures remoting sends with halfmq's asyncio Producer and gRPC SendMessage calls (what
+the RocketMQ 5 clients send) on one grpc.aio channel, each with ``--inflight`` requests in flight. The gRPC
+requests are serialized before the clock starts (distinct message ids), so the figure is the broker's, not the load
+generator's protobuf encoding. Each run also prints the broker's CPU per send (its process and its helper
+processes, the store's writer, read from /proc before and after the run): on a busy machine sends/s swing, CPU per
+send much less. Ends with each broker's medians and the gRPC/remoting ratios.
+
+A checkout other than this one is imported from its own folders (PYTHONPATH pointing at a ``halfmq`` folder of
+links to them) with this checkout's venv.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,8 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import grpc  # noqa: E402
 
-from bench import Stats, run_main, run_producer, start_broker, timed_loop  # noqa: E402
+from bench import Stats, cpu_seconds, child_pids, run_main, start_broker, timed_loop  # noqa: E402
 from halfmq.broker.grpc.schema import SERVICE, Code, MessageType, pb  # noqa: E402
+from halfmq.client import Message, Producer  # noqa: E402
+
+HERE = Path(__file__).resolve().parents[1]
+PACKAGES = ("broker", "protocol", "store", "client", "pipeline")
 
 
 def send_requests(topic: str, size: int, count: int) -> list[bytes]:
@@ -42,8 +55,29 @@ def send_requests(topic: str, size: int, count: int) -> list[bytes]:
     return out
 
 
-async def run_grpc(args, endpoint: str) -> float:
-    requests = send_requests(args.topic + "Grpc", args.size, 4096)
+def broker_cpu(pid: int) -> tuple[float, float]:
+    """CPU seconds so far of the broker process and of its helper processes (the store's writer)."""
+    return cpu_seconds(pid), sum(map(cpu_seconds, child_pids(pid)))
+
+
+class CpuStats(Stats):
+    """Stats that remember the broker's CPU when the clock starts (timed_loop starts the load with the clock)."""
+
+    def __init__(self, name: str, pid: int):
+        super().__init__(name)
+        self.cpu_at_start = broker_cpu(pid)
+
+
+async def run_remoting(args, pid: int, namesrv: str) -> CpuStats:
+    body = os.urandom(args.size)
+    async with Producer("BENCH_PG", namesrv) as producer:
+        await producer.send(Message(args.topic, body))  # creates the topic
+        stats = CpuStats("producer", pid)
+        await timed_loop(args.inflight, args.duration, lambda: producer.send(Message(args.topic, body)), stats)
+        return stats
+
+
+async def run_grpc(args, pid: int, endpoint: str, requests: list[bytes]) -> CpuStats:
     metadata = (("x-mq-client-id", "bench@1"), ("x-mq-language", "PYTHON"), ("x-mq-protocol", "GRPC_V2"))
     async with grpc.aio.insecure_channel(endpoint) as channel:
         send = channel.unary_unary(f"/{SERVICE}/SendMessage", request_serializer=None,
@@ -56,24 +90,76 @@ async def run_grpc(args, endpoint: str) -> float:
                 raise RuntimeError(f"{answer.status.code} {answer.status.message}")
 
         await one()  # creates the topic
-        stats = Stats("grpc-producer")
+        stats = CpuStats("grpc-producer", pid)
         await timed_loop(args.inflight, args.duration, one, stats)
-        return stats.summary(size=args.size, inflight=args.inflight)
+        return stats
+
+
+async def measured(pid: int, run) -> tuple[float, float, float]:
+    """(sends/s, CPU microseconds per send of the broker process, of its helper processes) of one run, whose setup
+    (connecting, the first send) is not counted."""
+    stats = await run
+    per_send = [(now - then) * 1e6 / max(1, stats.count)
+                for now, then in zip(broker_cpu(pid), stats.cpu_at_start, strict=True)]
+    return stats.count / (stats.finished - stats.started), *per_send
+
+
+def package_path(tree: Path, scratch: str) -> dict[str, str]:
+    """The environment importing ``halfmq`` from ``tree``: a folder of links named as the packages are mapped."""
+    if tree == HERE:
+        return {}
+    root = Path(tempfile.mkdtemp(prefix="halfmq-tree-", dir=scratch))
+    (root / "halfmq").mkdir()
+    for name in PACKAGES:
+        (root / "halfmq" / name).symlink_to(tree / name)
+    return {"PYTHONPATH": str(root)}
+
+
+async def start_tree_broker(tree: str, scratch: str):
+    """(tree, process, namesrv address, gRPC endpoint) of a broker running ``tree``'s code."""
+    saved = os.environ.get("PYTHONPATH")
+    os.environ.update(package_path(Path(tree).resolve(), scratch))  # the broker inherits it
+    try:
+        proc, ready = await start_broker("--metricsPromExporterPort=-1", "--grpcListenPort=0", "--logLevel=WARNING")
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
+    return tree, proc, ready.group(2).decode(), ready.string.decode().split(" grpc ")[1].split()[0]
 
 
 async def main_async(args) -> None:
-    proc, ready = await start_broker("--metricsPromExporterPort=-1", "--grpcListenPort=0", "--logLevel=WARNING")
-    line = ready.string.decode()
-    endpoint = line.split(" grpc ")[1].split()[0]
+    brokers = []
+    scratch = tempfile.mkdtemp(prefix="halfmq-bench-grpc-")
     try:
-        started = time.perf_counter()
-        remoting = await run_producer(args, ready.group(2).decode(), args.topic)
-        grpc_tps = await run_grpc(args, endpoint)
-        print(f"RESULT remoting_tps={remoting:,.0f} grpc_tps={grpc_tps:,.0f} grpc/remoting={grpc_tps / remoting:.0%} "
-              f"size={args.size} inflight={args.inflight} ({time.perf_counter() - started:.0f} s)", flush=True)
+        for tree in args.trees:
+            brokers.append(await start_tree_broker(tree, scratch))
+        requests = send_requests(args.topic + "Grpc", args.size, 4096)
+        results: dict[str, list[tuple[float, ...]]] = {tree: [] for tree in args.trees}
+        for round_no in range(1, args.rounds + 1):
+            for tree, proc, namesrv, endpoint in brokers:
+                remoting = await measured(proc.pid, run_remoting(args, proc.pid, namesrv))
+                grpc_side = await measured(proc.pid, run_grpc(args, proc.pid, endpoint, requests))
+                results[tree].append(remoting + grpc_side)
+                print(f"ROUND {round_no} tree={tree} remoting_tps={remoting[0]:,.0f} grpc_tps={grpc_side[0]:,.0f} "
+                      f"grpc/remoting={grpc_side[0] / remoting[0]:.0%} broker_cpu_us_per_send (broker+writer): "
+                      f"remoting={remoting[1]:.0f}+{remoting[2]:.0f} grpc={grpc_side[1]:.0f}+{grpc_side[2]:.0f}",
+                      flush=True)
+        for tree, rows in results.items():
+            tps_r, main_r, helpers_r, tps_g, main_g, helpers_g = (statistics.median(column)
+                                                                   for column in zip(*rows, strict=True))
+            ratios = [row[3] / row[0] for row in rows]
+            print(f"RESULT tree={tree} rounds={args.rounds} remoting_tps={tps_r:,.0f} grpc_tps={tps_g:,.0f} "
+                  f"grpc/remoting={statistics.median(ratios):.0%} (per round: "
+                  f"{' '.join(f'{r:.0%}' for r in ratios)}) broker_cpu_us_per_send (broker+writer): "
+                  f"remoting={main_r:.0f}+{helpers_r:.0f} grpc={main_g:.0f}+{helpers_g:.0f} size={args.size} "
+                  f"inflight={args.inflight}", flush=True)
     finally:
-        proc.terminate()
-        await proc.wait()
+        for _tree, proc, _namesrv, _endpoint in brokers:
+            proc.terminate()
+            await proc.wait()
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def main() -> None:
@@ -81,7 +167,10 @@ def main() -> None:
     parser.add_argument("--topic", default="BenchTopic")
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--inflight", type=int, default=64)
-    parser.add_argument("--duration", type=float, default=10.0)
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds of each run")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each side, alternated")
+    parser.add_argument("--trees", nargs="+", default=[str(HERE)],
+                        help="checkouts whose brokers are measured in turn (default: this one)")
     run_main(main_async(parser.parse_args()))
 
 

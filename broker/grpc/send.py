@@ -18,6 +18,7 @@ from ..services.transaction import COMMIT, ROLLBACK
 from ..topics import SEND_FORBIDDEN, check_message_type
 from .auth import PUB, TOPIC, Caller, require
 from .convert import peer_host, to_record
+from .group_commit import GroupCommit
 from .route import checked_topic
 from .schema import Code, TransactionResolution, TransactionSource, pb
 from .sessions import parse_transaction_id, transaction_group, transaction_id
@@ -34,7 +35,7 @@ class SendService:
         self.endpoint = endpoint
         self.ctx = endpoint.ctx
         self.sessions = endpoint.sessions
-        self.send_processor = send_processor
+        self.writes = GroupCommit(send_processor.submit_message)
 
     async def send_message(self, request, caller: Caller, context):
         if not request.messages:
@@ -103,7 +104,7 @@ class SendService:
             entry.transaction_id = transaction_id(result.physical_offset, state.queue_offset)
         else:
             try:
-                result = await self.send_processor.submit_message(rec)
+                result = await self.writes.store(rec)
             except BrokerError as exc:
                 if P.TIMER_DELIVER_MS in props:  # beyond timerMaxDelaySec, or not a time: the reference's code
                     raise GrpcError(Code["ILLEGAL_DELIVERY_TIME"], exc.remark) from None
