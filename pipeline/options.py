@@ -11,7 +11,7 @@ SOURCE_OPTIONS = ("namesrv", "subscribe", "subscribePattern", "assign", "startin
                   "startingOffsetsByTimestamp", "endingOffsetsByTimestamp", "startingTimestamp", "endingTimestamp",
                   "maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay", "minPartitions",
                   "failOnDataLoss", "kafkaConsumer.pollTimeoutMs", "tags")
-SINK_OPTIONS = ("namesrv", "topic", "producerGroup", "sinkId", "checkImmunitySeconds")
+SINK_OPTIONS = ("namesrv", "topic", "producerGroup", "sinkId", "checkImmunitySeconds", "rowsPerHalf")
 #: Options Spark itself may pass to any data source (a load/save path, a streaming sink's checkpoint).
 SPARK_OPTIONS = ("path", "checkpointLocation")
 

@@ -16,6 +16,8 @@ from .options import OptionError, namesrv_option
 #: UNKNOW while the driver lives, so a shorter time only costs check-backs (each burns one of
 #: transactionCheckMax; a half discarded after its last one is resumed by the commit).
 DEFAULT_CHECK_IMMUNITY_SECONDS = 300
+#: The broker's default maxBatchMessageCount: a batch half holds at most that many messages.
+_MAX_ROWS_PER_HALF = 10_000
 _SINK_ID = re.compile(r"[A-Za-z0-9_.\-]{1,100}")
 #: Spark's local properties of a streaming query's tasks: the query id (kept in the checkpoint, so the same
 #: across restarts) and the micro-batch id.
@@ -45,6 +47,13 @@ class _Writing:
             self.immunity = 0
         if self.immunity < 1:
             raise OptionError(f"option 'checkImmunitySeconds' {text!r} is not a whole number of seconds >= 1")
+        text = options.get("rowsperhalf", str(sink_io.HALF_BATCH_ROWS))
+        try:
+            self.rows_per_half = int(text)
+        except ValueError:
+            self.rows_per_half = 0
+        if not 1 <= self.rows_per_half <= _MAX_ROWS_PER_HALF:
+            raise OptionError(f"option 'rowsPerHalf' {text!r} is not a whole number from 1 to {_MAX_ROWS_PER_HALF}")
         self.attempt = uuid.uuid4().hex
         self.owner: str | None = None
 
@@ -58,7 +67,7 @@ class _Writing:
     def __setstate__(self, state):
         self.__dict__.update(state)
 
-    def _message(self, row, props: dict[str, str]):
+    def _message(self, row, idempotency_key: str):
         from halfmq.client import Message
 
         values = row.asDict()
@@ -71,15 +80,17 @@ class _Writing:
         # A source row's properties can be written back: the names the broker and client set are theirs, and the
         # sink's own are this write's.
         user = values.get("properties") or {}
-        props = {**{k: v for k, v in user.items() if k not in RESERVED_KEYS and k not in sink_io.SINK_PROPERTIES
-                    and v is not None}, **props}
+        props = {k: v for k, v in user.items() if k not in RESERVED_KEYS and k not in sink_io.SINK_PROPERTIES
+                 and v is not None}
+        props[sink_io.IDEMPOTENCY_KEY] = idempotency_key
         return (Message(topic, body.encode() if isinstance(body, str) else bytes(body), tags=values.get("tags"),
-                        keys=values.get("keys"), properties=props, check_immunity_seconds=self.immunity),
+                        keys=values.get("keys"), properties=props),
                 values.get("queue_id"))
 
     def _write(self, rows, tag: sink_io.HalfTag) -> HalfmqCommit:
-        messages = (self._message(row, tag.properties(index)) for index, row in enumerate(rows))
-        return HalfmqCommit(tag, sink_io.send_halves(self.namesrv, self.group, tag, messages))
+        messages = (self._message(row, tag.row_key(index)) for index, row in enumerate(rows))
+        return HalfmqCommit(tag, sink_io.send_halves(self.namesrv, self.group, tag, messages, self.immunity,
+                                                     self.rows_per_half))
 
     def _task(self) -> str:
         from pyspark import TaskContext

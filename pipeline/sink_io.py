@@ -15,6 +15,7 @@ from halfmq.client import LocalTransactionState, Message, MessageQueue, Transact
 from halfmq.client.admin import Admin
 from halfmq.client.errors import BrokerError, ClientError, IllegalOperationError
 from halfmq.protocol.codes import ResponseCode
+from halfmq.protocol.properties import CHECK_IMMUNITY_TIME_IN_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +33,15 @@ SINK_ID, SINK_BATCH, SINK_ATTEMPT, SINK_TASK, SINK_OWNER = ("HALFMQ_SINK_ID", "H
                                                           "HALFMQ_SINK_ATTEMPT", "HALFMQ_SINK_TASK",
                                                           "HALFMQ_SINK_OWNER")
 SINK_PROPERTIES = frozenset({IDEMPOTENCY_KEY, SINK_ID, SINK_BATCH, SINK_ATTEMPT, SINK_TASK, SINK_OWNER})
-#: Halves in flight per task (each a two-way send_half) and decisions in flight per commit.
-SEND_WINDOW = 256
+#: A task's rows go as batch halves (one half, one decision, one check-back per batch) of one topic and queue,
+#: each of at most this many rows (option rowsPerHalf) and about this many bytes (the broker's maxMessageSize is
+#: 4 MiB by default), with this many halves in flight per task; and decisions in flight per commit.
+HALF_BATCH_ROWS = 1000
+HALF_BATCH_BYTES = 1 << 20
+SEND_WINDOW = 4
 DECIDE_WINDOW = 256
+#: Rows of this many (topic, queue) pairs are gathered at once; past it the oldest pair's rows go first.
+_OPEN_BATCHES = 64
 #: QUERY_MESSAGE answers at most this many records of a key; a batch never gets near it (see DecisionLog.read).
 _QUERY_MAX = 64
 #: Transient failures of one acknowledged decision are retried (deciding again is harmless) this many times.
@@ -55,11 +62,14 @@ class HalfTag:
     task: str     # "<partition>.<task attempt number>"
     owner: str    # the id of the driver's owner process (sink_lease.py)
 
-    def properties(self, row: int) -> dict[str, str]:
-        partition = self.task.split(".", 1)[0]
-        return {IDEMPOTENCY_KEY: f"{self.sink_id}:{self.batch_id}:{partition}:{row}", SINK_ID: self.sink_id,
-                SINK_BATCH: str(self.batch_id), SINK_ATTEMPT: self.attempt, SINK_TASK: self.task,
-                SINK_OWNER: self.owner}
+    def half_properties(self) -> dict[str, str]:
+        """The properties of each of the task's (batch) halves, which every row it holds inherits."""
+        return {SINK_ID: self.sink_id, SINK_BATCH: str(self.batch_id), SINK_ATTEMPT: self.attempt,
+                SINK_TASK: self.task, SINK_OWNER: self.owner}
+
+    def row_key(self, row: int) -> str:
+        """IDEMPOTENCY_KEY of the task's ``row``-th row: the same in every attempt of the batch."""
+        return f"{self.sink_id}:{self.batch_id}:{self.task.split('.', 1)[0]}:{row}"
 
 
 #: What a task hands the driver for each half it stored: topic, broker name, queue id, queue offset, msg id,
@@ -255,9 +265,13 @@ def sink_producer(namesrv: str, group: str) -> tuple[TransactionProducer, SinkCh
 
 # --- task side ---
 def send_halves(namesrv: str, group: str, tag: HalfTag, messages: Iterable[tuple[Message, int | None]],
+                immunity_seconds: int, rows_per_half: int = HALF_BATCH_ROWS,
                 window: int = SEND_WINDOW) -> list[HalfRecord]:
-    """Store messages (each with the queue id it must go to, or None) as half messages, up to ``window`` in
-    flight, reading ``messages`` as it goes. On failure the halves stored are rolled back and the error raised."""
+    """Store messages (each with the queue id it must go to, or None) in batch halves of one topic and queue of
+    at most ``rows_per_half`` rows, ``window`` halves in flight, reading ``messages`` as it goes; no check-back
+    comes before ``immunity_seconds``. On failure the halves stored are rolled back and the error raised."""
+    half_properties = {**tag.half_properties(), CHECK_IMMUNITY_TIME_IN_SECONDS: str(immunity_seconds)}
+
     async def run() -> list[HalfRecord]:
         producer, listener = sink_producer(namesrv, group)
         sent: list[HalfRecord] = []
@@ -265,10 +279,10 @@ def send_halves(namesrv: str, group: str, tag: HalfTag, messages: Iterable[tuple
         slots = asyncio.Semaphore(window)
         inflight: set[asyncio.Task] = set()
 
-        async def one(msg: Message, queue_id: int | None) -> None:
+        async def one(batch: list[Message], queue_id: int | None) -> None:
             try:
-                queue = None if queue_id is None else await _queue_of(producer, msg.topic, queue_id)
-                r = await producer.send_half(msg, queue)
+                queue = None if queue_id is None else await _queue_of(producer, batch[0].topic, queue_id)
+                r = await producer.send_half_batch(batch, queue, half_properties)
                 sent.append((r.queue.topic, r.queue.broker_name, r.queue.queue_id, r.queue_offset, r.msg_id,
                              r.offset_msg_id))
             except BaseException as exc:
@@ -276,16 +290,22 @@ def send_halves(namesrv: str, group: str, tag: HalfTag, messages: Iterable[tuple
             finally:
                 slots.release()
 
+        async def launch(batch: list[Message], queue_id: int | None) -> bool:
+            await slots.acquire()
+            if failures:
+                slots.release()
+                return False
+            task = asyncio.get_running_loop().create_task(one(batch, queue_id))
+            inflight.add(task)
+            task.add_done_callback(inflight.discard)
+            return True
+
         await producer.start()
         try:
             try:
-                for msg, queue_id in messages:
-                    await slots.acquire()
-                    if failures:
+                for (_topic, queue_id), batch in _half_batches(messages, rows_per_half):
+                    if not await launch(batch, queue_id):
                         break
-                    task = asyncio.get_running_loop().create_task(one(msg, queue_id))
-                    inflight.add(task)
-                    task.add_done_callback(inflight.discard)
                 if inflight:
                     await asyncio.gather(*inflight)
                 if failures:
@@ -304,6 +324,29 @@ def send_halves(namesrv: str, group: str, tag: HalfTag, messages: Iterable[tuple
             await listener.close()
         return sent
     return asyncio.run(run())
+
+
+def _half_batches(messages: Iterable[tuple[Message, int | None]], rows_per_half: int):
+    """(topic, queue id) and the rows of one batch half, as each fills up (``rows_per_half``, HALF_BATCH_BYTES),
+    then what is left; a pair's rows keep their order."""
+    open_batches: dict[tuple[str, int | None], tuple[list[Message], list[int]]] = {}
+    for msg, queue_id in messages:
+        key = (msg.topic, queue_id)
+        entry = open_batches.get(key)
+        if entry is None:
+            if len(open_batches) >= _OPEN_BATCHES:
+                oldest = next(iter(open_batches))
+                yield oldest, open_batches.pop(oldest)[0]
+            entry = open_batches[key] = ([], [0])
+        batch, size = entry
+        batch.append(msg)
+        # The batch body's share of the row: its body, its properties and the item's fixed fields.
+        size[0] += len(msg.body) + 64 + len(msg.keys or "") + len(msg.tags or "") + sum(
+            len(k) + len(v) + 2 for k, v in msg.properties.items())
+        if len(batch) >= rows_per_half or size[0] >= HALF_BATCH_BYTES:
+            yield key, open_batches.pop(key)[0]
+    for key, (batch, _size) in open_batches.items():
+        yield key, batch
 
 
 async def _queue_of(producer, topic: str, queue_id: int) -> MessageQueue:

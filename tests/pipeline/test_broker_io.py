@@ -77,7 +77,7 @@ def check_answer(broker, tag: HalfTag) -> sink_io.LocalTransactionState:
         listener = sink_io.SinkCheckListener(broker.namesrv_addr)
         listener.bind(producer)
         # What a check-back hands the listener: the half's record (its properties are what is read).
-        checked = SimpleNamespace(msg_id="checked", properties=tag.properties(0))
+        checked = SimpleNamespace(msg_id="checked", properties=tag.half_properties())
         try:
             return await listener.check_local_transaction(checked)
         finally:
@@ -121,17 +121,17 @@ def test_a_commit_resumes_halves_discarded_after_their_checks(tmp_path):
                       transactionCheckMax=2)
     namesrv = bt.broker.namesrv_addr
     tag = HalfTag("long", 0, "A", "0.0", "OWNER")
-    messages = [(Message("LongT", b"%d" % i, properties=tag.properties(i), check_immunity_seconds=1), None)
+    messages = [(Message("LongT", b"%d" % i, properties={sink_io.IDEMPOTENCY_KEY: tag.row_key(i)}), None)
                 for i in range(5)]
 
     def discarded() -> bool:
         states = [s for _o, s in bt.broker.store.iter_halves() if s.topic == "LongT"]
-        return len(states) == 5 and all(s.status is HalfStatus.DISCARDED for s in states)
+        return len(states) == 1 and states[0].batch == 5 and states[0].status is HalfStatus.DISCARDED
 
     async def run():
         member, listener = sink_io.sink_producer(namesrv, "PG_LONG")
         async with TransactionProducer(sink_io.owner_group("OWNER"), listener, namesrv), member:
-            halves = await asyncio.to_thread(sink_io.send_halves, namesrv, "PG_LONG", tag, messages)
+            halves = await asyncio.to_thread(sink_io.send_halves, namesrv, "PG_LONG", tag, messages, 1)
             await asyncio.to_thread(wait_until, discarded, 60, "the halves to use up their checks")
             assert await asyncio.to_thread(sink_io.commit_batch, namesrv, "PG_LONG", "long", 0, "A", ["0.0"],
                                            halves)

@@ -28,6 +28,8 @@ GROUP = "halfmq-spark-sink"
 #: The jobs' checkImmunitySeconds: orphans are checked soon after a crash, and the halves of a running job are
 #: not asked about every second while it writes (each check costs the broker about what a send does).
 IMMUNITY = "10"
+#: Rows per batch half: small, so a job stores and commits many halves and each kill lands in the middle of them.
+ROWS_PER_HALF = "100"
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -70,7 +72,9 @@ def published(broker, topic: str) -> int:
 
 
 def pending(broker) -> int:
-    return sum(1 for _offset, state in broker.store.iter_halves() if state.pending and state.group == GROUP)
+    """Rows in the sink group's pending halves."""
+    return sum(state.batch or 1 for _offset, state in broker.store.iter_halves()
+               if state.pending and state.group == GROUP)
 
 
 def settle(broker, timeout: float = 300) -> None:
@@ -199,7 +203,7 @@ def test_driver_killed_during_a_batch_commit_publishes_every_row_once(broker, tm
 
 def test_driver_killed_before_a_batch_commit_publishes_nothing(broker, tmp_path):
     driver = Driver(tmp_path, "batch", broker.namesrv_addr, "CrashEarly", "30000")
-    wait_until(lambda: pending(broker) >= 10_000, 600, "10,000 halves stored")
+    wait_until(lambda: pending(broker) >= 10_000, 600, "10,000 rows stored in halves")
     driver.kill()
     settle(broker)
     assert committed(broker, "CrashEarly") == []
@@ -242,7 +246,7 @@ def _session(master: str = "local[2]"):
 
 def _write(df, namesrv: str, topic: str) -> None:
     (df.write.format("halfmq").option("namesrv", namesrv).option("topic", topic)
-     .option("checkImmunitySeconds", IMMUNITY).mode("append").save())
+     .option("checkImmunitySeconds", IMMUNITY).option("rowsPerHalf", ROWS_PER_HALF).mode("append").save())
 
 
 def _rows(spark, count: int, partitions: int = 4):
@@ -265,7 +269,8 @@ def _drive(mode: str, namesrv: str, *args: str) -> None:
         query = (spark.readStream.format("halfmq").option("namesrv", namesrv).option("subscribe", source)
                  .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "3000").load()
                  .select("body").writeStream.format("halfmq").option("namesrv", namesrv).option("topic", target)
-                 .option("checkImmunitySeconds", IMMUNITY).option("checkpointLocation", checkpoint)
+                 .option("checkImmunitySeconds", IMMUNITY).option("rowsPerHalf", ROWS_PER_HALF)
+                 .option("checkpointLocation", checkpoint)
                  .trigger(availableNow=True).start())
         query.awaitTermination()
     elif mode == "failures":
@@ -278,7 +283,7 @@ def _drive(mode: str, namesrv: str, *args: str) -> None:
 
             ctx = TaskContext.get()
             if ctx.partitionId() == 1 and ctx.attemptNumber() == 0 and value % 1000 == 900:
-                raise RuntimeError("the first attempt fails after storing 900 halves")
+                raise RuntimeError("the first attempt fails after storing 900 rows in halves")
             return str(value).encode()
 
         _write(spark.range(0, 3000, numPartitions=3).select(fail_first_attempt("id").alias("body")), namesrv,

@@ -65,6 +65,16 @@ def test_bad_sink_options_are_refused_by_name(spark, live_broker):
         write(rows(spark, 1), live_broker, topic="T", checkImmunitySeconds="soon")
     with pytest.raises(PySparkException, match="sinkId"):
         write(rows(spark, 1), live_broker, topic="T", sinkId="has space")
+    for bad in ("0", "10001", "many"):
+        with pytest.raises(PySparkException, match="rowsPerHalf"):
+            write(rows(spark, 1), live_broker, topic="T", rowsPerHalf=bad)
+
+
+def test_rows_go_in_batch_halves_of_rows_per_half(spark, live_broker):
+    write(rows(spark, 10), live_broker, topic="PerHalfT", rowsPerHalf="3")  # 2 partitions of 5 rows
+    halves = [s for _o, s in live_broker.store.iter_halves() if s.topic == "PerHalfT"]
+    assert sorted(s.batch for s in halves) == [2, 2, 3, 3] and all(s.status.value == "COMMITTED" for s in halves)
+    assert sorted(int(r.body) for _q, r in stored(live_broker, "PerHalfT")) == list(range(10))
 
 
 def test_halves_carry_the_check_immunity_option(spark, live_broker):
