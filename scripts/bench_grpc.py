@@ -7,9 +7,9 @@ Starts a broker subprocess per checkout (SYNC_FLUSH, free ports, a temporary sto
 for each broker in turn, measures remoting sends with halfmq's asyncio Producer and gRPC SendMessage calls (what
 the RocketMQ 5 clients send) on one grpc.aio channel, each with ``--inflight`` requests in flight. The gRPC
 requests are serialized before the clock starts (distinct message ids), so the figure is the broker's, not the load
-generator's protobuf encoding. Each run also prints the broker's CPU per send (its process and its helper
-processes, the store's writer, read from /proc before and after the run): on a busy machine sends/s swing, CPU per
-send much less. Ends with each broker's medians and the gRPC/remoting ratios.
+generator's protobuf encoding. Each run also prints the CPU per send of the broker (its process and its helper
+processes, the store's writer) and of this load generator, read from /proc before and after the run: on a busy
+machine sends/s swing, CPU per send much less. Ends with each broker's medians and the gRPC/remoting ratios.
 
 A checkout other than this one is imported from its own folders (PYTHONPATH pointing at a ``halfmq`` folder of
 links to them) with this checkout's venv.
@@ -55,9 +55,10 @@ def send_requests(topic: str, size: int, count: int) -> list[bytes]:
     return out
 
 
-def broker_cpu(pid: int) -> tuple[float, float]:
-    """CPU seconds so far of the broker process and of its helper processes (the store's writer)."""
-    return cpu_seconds(pid), sum(map(cpu_seconds, child_pids(pid)))
+def cpu_now(broker: int) -> tuple[float, float, float]:
+    """CPU seconds so far of the broker process, of its helper processes (the store's writer), and of this load
+    generator."""
+    return cpu_seconds(broker), sum(map(cpu_seconds, child_pids(broker))), cpu_seconds(os.getpid())
 
 
 class CpuStats(Stats):
@@ -65,7 +66,7 @@ class CpuStats(Stats):
 
     def __init__(self, name: str, pid: int):
         super().__init__(name)
-        self.cpu_at_start = broker_cpu(pid)
+        self.cpu_at_start = cpu_now(pid)
 
 
 async def run_remoting(args, pid: int, namesrv: str) -> CpuStats:
@@ -95,12 +96,12 @@ async def run_grpc(args, pid: int, endpoint: str, requests: list[bytes]) -> CpuS
         return stats
 
 
-async def measured(pid: int, run) -> tuple[float, float, float]:
-    """(sends/s, CPU microseconds per send of the broker process, of its helper processes) of one run, whose setup
-    (connecting, the first send) is not counted."""
+async def measured(pid: int, run) -> tuple[float, float, float, float]:
+    """(sends/s, CPU microseconds per send of the broker process, of its helper processes, of the load generator)
+    of one run, whose setup (connecting, the first send) is not counted."""
     stats = await run
     per_send = [(now - then) * 1e6 / max(1, stats.count)
-                for now, then in zip(broker_cpu(pid), stats.cpu_at_start, strict=True)]
+                for now, then in zip(cpu_now(pid), stats.cpu_at_start, strict=True)]
     return stats.count / (stats.finished - stats.started), *per_send
 
 
@@ -143,18 +144,18 @@ async def main_async(args) -> None:
                 grpc_side = await measured(proc.pid, run_grpc(args, proc.pid, endpoint, requests))
                 results[tree].append(remoting + grpc_side)
                 print(f"ROUND {round_no} tree={tree} remoting_tps={remoting[0]:,.0f} grpc_tps={grpc_side[0]:,.0f} "
-                      f"grpc/remoting={grpc_side[0] / remoting[0]:.0%} broker_cpu_us_per_send (broker+writer): "
-                      f"remoting={remoting[1]:.0f}+{remoting[2]:.0f} grpc={grpc_side[1]:.0f}+{grpc_side[2]:.0f}",
-                      flush=True)
+                      f"grpc/remoting={grpc_side[0] / remoting[0]:.0%} cpu_us_per_send (broker+writer, client): "
+                      f"remoting={remoting[1]:.0f}+{remoting[2]:.0f}, {remoting[3]:.0f} "
+                      f"grpc={grpc_side[1]:.0f}+{grpc_side[2]:.0f}, {grpc_side[3]:.0f}", flush=True)
         for tree, rows in results.items():
-            tps_r, main_r, helpers_r, tps_g, main_g, helpers_g = (statistics.median(column)
-                                                                   for column in zip(*rows, strict=True))
-            ratios = [row[3] / row[0] for row in rows]
+            tps_r, main_r, helpers_r, client_r, tps_g, main_g, helpers_g, client_g = (
+                statistics.median(column) for column in zip(*rows, strict=True))
+            ratios = [row[4] / row[0] for row in rows]
             print(f"RESULT tree={tree} rounds={args.rounds} remoting_tps={tps_r:,.0f} grpc_tps={tps_g:,.0f} "
                   f"grpc/remoting={statistics.median(ratios):.0%} (per round: "
-                  f"{' '.join(f'{r:.0%}' for r in ratios)}) broker_cpu_us_per_send (broker+writer): "
-                  f"remoting={main_r:.0f}+{helpers_r:.0f} grpc={main_g:.0f}+{helpers_g:.0f} size={args.size} "
-                  f"inflight={args.inflight}", flush=True)
+                  f"{' '.join(f'{r:.0%}' for r in ratios)}) cpu_us_per_send (broker+writer, client): "
+                  f"remoting={main_r:.0f}+{helpers_r:.0f}, {client_r:.0f} grpc={main_g:.0f}+{helpers_g:.0f}, "
+                  f"{client_g:.0f} size={args.size} inflight={args.inflight}", flush=True)
     finally:
         for _tree, proc, _namesrv, _endpoint in brokers:
             proc.terminate()
