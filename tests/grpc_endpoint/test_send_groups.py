@@ -1,4 +1,5 @@
-"""Concurrent SendMessage calls share the store's write groups (issue 15: broker CPU per gRPC send)."""
+"""Concurrent SendMessage calls share the store's write groups (issue 15: broker CPU per gRPC send); the store's
+writer is SIGSTOPped to hold a group in flight while the next sends arrive."""
 from __future__ import annotations
 
 import os
@@ -58,3 +59,30 @@ def test_sends_in_flight_together_are_written_in_shared_groups_each_with_its_own
     assert codes[:IN_FLIGHT // 2] + codes[IN_FLIGHT // 2 + 1:] == [Code.OK] * (IN_FLIGHT - 1)
     # one group for the first send, one for those that came while it was written (each its own group before)
     assert (ops, groups) == (IN_FLIGHT - 1, 2)
+
+
+def test_a_send_whose_deadline_passes_while_it_waits_for_the_group_ahead_is_not_stored(grpc_broker):
+    store = grpc_broker.broker.ctx.store
+    assert raw_call(grpc_broker.endpoint, "SendMessage", send_request(-1)).status.code == Code.OK  # the topic
+    writes = grpc_broker.broker.grpc.send.writes
+    metadata = Signature.metadata(ClientConfiguration(grpc_broker.endpoint, Credentials("", "")), "late@1")
+    with grpc.insecure_channel(grpc_broker.endpoint) as channel:
+        send = MessagingServiceStub(channel).SendMessage
+        writer = store.link.pid
+        os.kill(writer, signal.SIGSTOP)  # the first send's group is not durable until the writer continues
+        try:
+            first = send.future(send_request(0), metadata=metadata, timeout=20)
+            wait_until(lambda: writes._unfinished == 1)
+            late = [send.future(send_request(i), metadata=metadata, timeout=1) for i in range(1, 5)]
+            for call in late:
+                with pytest.raises(grpc.RpcError) as refused:
+                    call.result()
+                assert refused.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            wait_until(lambda: len(writes._queued) == 4 and all(future.done() for _record, future in writes._queued))
+        finally:
+            os.kill(writer, signal.SIGCONT)
+        assert first.result().status.code == Code.OK
+        assert send(send_request(5), metadata=metadata, timeout=20).status.code == Code.OK  # written after them
+    queues = grpc_broker.broker.ctx.topics.get("Grouped").write_queue_nums
+    stored = sum(store.max_offset("Grouped", queue_id) for queue_id in range(queues))
+    assert stored == 3  # the topic's first message, the first send and the last: the late ones were not written
