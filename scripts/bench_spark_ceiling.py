@@ -1,0 +1,138 @@
+"""What PySpark's Python data source API alone allows on this machine: a Python sink that drops every row and a
+Python source that yields ready Arrow batches, each against Spark's parquet write or read of the same rows, in one
+run, alternated (the rows and passes of scripts/bench_spark.py). No broker is involved: these ratios bound what
+the halfmq sink and source (Python data sources that also talk to a broker) can reach against parquet.
+
+    python scripts/bench_spark_ceiling.py --messages 300000 --size 1024
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceWriter, InputPartition,
+                                    WriterCommitMessage)
+
+
+class _Written(WriterCommitMessage):
+    def __init__(self, rows: int):
+        self.rows = rows
+
+
+class _DroppingWriter(DataSourceWriter):
+    def write(self, iterator) -> _Written:
+        rows = 0
+        for _row in iterator:  # each row crosses from the JVM into Python, as the halfmq sink's rows do
+            rows += 1
+        return _Written(rows)
+
+    def commit(self, messages) -> None:
+        pass
+
+    def abort(self, messages) -> None:
+        pass
+
+
+class _File(InputPartition):
+    def __init__(self, path: str):
+        self.path = path
+
+
+class _ArrowReader(DataSourceReader):
+    def __init__(self, folder: str):
+        self.folder = folder
+
+    def partitions(self):
+        return [_File(path) for path in sorted(glob.glob(os.path.join(self.folder, "*.parquet")))]
+
+    def read(self, partition: _File):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(partition.path)
+        table = table.cast(pa.schema([field.with_nullable(True) for field in table.schema]))  # nullable
+        # Ready Arrow batches: the halfmq source yields batches of about this many rows too.
+        yield from table.to_batches(max_chunksize=8192)
+
+
+class Ceiling(DataSource):
+    """format("ceiling"): writes drop their rows; reads yield the parquet files of option "folder" as Arrow
+    batches, with option "schema" (JSON) as their schema."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "ceiling"
+
+    def schema(self):
+        from pyspark.sql.types import StructType
+
+        return StructType.fromJson(json.loads(self.options["schema"]))
+
+    def reader(self, schema) -> _ArrowReader:
+        return _ArrowReader(self.options["folder"])
+
+    def writer(self, schema, overwrite: bool) -> _DroppingWriter:
+        return _DroppingWriter()
+
+
+def rates(total: int, passes: int, **writes) -> dict[str, float]:
+    """Median rows/s of each write over ``passes`` alternated passes."""
+    measured: dict[str, list[float]] = {name: [] for name in writes}
+    for number in range(1, passes + 1):
+        for name, write in writes.items():
+            started = time.perf_counter()
+            write()
+            measured[name].append(total / (time.perf_counter() - started))
+        print(f"pass {number}: " + ", ".join(f"{name} {values[-1]:,.0f} rows/s" for name, values in measured.items()),
+              flush=True)
+    return {name: statistics.median(values) for name, values in measured.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=300_000)
+    parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument("--passes", type=int, default=3)
+    args = parser.parse_args()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.driver.bindAddress", "127.0.0.1").getOrCreate())
+    spark.dataSource.register(Ceiling)
+    rows = args.messages
+    padding = "x" * max(0, args.size - 12)  # the rows of bench_spark.py --sink
+    df = spark.range(0, rows, numPartitions=2).select(
+        F.concat(F.col("id").cast("string"), F.lit(padding)).cast("binary").alias("body")).cache()
+    df.count()
+    with tempfile.TemporaryDirectory(prefix="halfmq-bench-ceiling-") as folder:
+        df.write.mode("overwrite").parquet(folder)  # the warm-up, and the files the Python source reads
+        dropping = df.write.format("ceiling").mode("append")
+        dropping.save()
+        sink = rates(rows, args.passes, python_sink=dropping.save,
+                     parquet_write=lambda: df.write.mode("overwrite").parquet(folder))
+        source = (spark.read.format("ceiling").option("folder", folder)
+                  .option("schema", spark.read.parquet(folder).schema.json()).load())
+        parquet = spark.read.parquet(folder)
+        source.write.format("noop").mode("overwrite").save()
+        read = rates(rows, args.passes, python_source=lambda: source.write.format("noop").mode("overwrite").save(),
+                     parquet_read=lambda: parquet.write.format("noop").mode("overwrite").save())
+    print(f"SUMMARY mode=ceiling rows={rows} size={args.size} passes={args.passes} "
+          f"python_sink_rows_per_s={sink['python_sink']:,.0f} parquet_write_rows_per_s={sink['parquet_write']:,.0f} "
+          f"sink_ceiling={sink['python_sink'] / sink['parquet_write']:.2f} "
+          f"python_source_rows_per_s={read['python_source']:,.0f} parquet_read_rows_per_s={read['parquet_read']:,.0f} "
+          f"source_ceiling={read['python_source'] / read['parquet_read']:.2f}", flush=True)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
