@@ -14,7 +14,7 @@ from halfmq.protocol.errors import MessageFormatError
 from halfmq.protocol.headers import (ConsumerSendMsgBackRequestHeader, SendMessageRequestHeader,
                                      SendMessageRequestHeaderV2)
 from halfmq.protocol.message import MessageRecord, create_offset_msg_id, decode_batch, decode_record
-from halfmq.protocol.properties import decode_properties
+from halfmq.protocol.properties import decode_properties, encode_properties
 from halfmq.store import message_request
 from halfmq.store.completion import Completion
 from halfmq.store.ops import PutMessage, PutMessages
@@ -215,6 +215,15 @@ class SendProcessor:
             check_message(topic, outer, header.producerGroup)
         uniq = outer.pop(P.UNIQ_KEY, None)  # the batch's own: a batch half's transaction id, not its messages'
         outer[P.CLUSTER] = self.cluster
+        # Every message stores the batch's properties it inherits: bounded, so a small batch with one large batch
+        # property cannot make the broker build and store thousands of copies of it (twice maxMessageSize leaves
+        # any batch a client may send, with the usual few batch properties, far inside).
+        inherited = len(encode_properties(outer).encode())
+        stored = len(cmd.body) + len(items) * inherited
+        if stored > 2 * self.max_body:
+            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
+                              f"the batch's {len(items)} messages would each inherit {inherited} bytes of batch "
+                              f"properties: {stored} bytes to store, more than twice maxMessageSize {self.max_body}")
         # Every message is checked whole (with the batch-level properties it inherits) before the topic is
         # resolved, so a refused batch creates nothing.
         item_props = []
