@@ -29,6 +29,7 @@ from .context import WriteContext, key_index_key
 from .halfs import HalfState, HalfStatus
 from .keys import CQ_VALUE, DUE_KEY, QUEUE_KEY, QUEUE_PREFIX, U64, parse_offset_key
 from .ops import Op
+from .receipts import TABLE as RECEIPTS, receipt_topic
 
 #: meta key: topics deleted whose records and queue entries are still being removed, [[tid, name, end], ...]
 PURGES_KEY = "lifecycle.purges"
@@ -195,9 +196,15 @@ class DeleteTopic(Op):
         txn, dbs, counters = wctx.txn, wctx.dbs, wctx.counters
         offsets = [key for key in txn.cursor(db=dbs["offsets"]).iternext(keys=True, values=False)
                    if _offset_topic(key) == self.name]
+        # RocketMQ 5 consumers' cursors and receipts go too: a cursor left behind would skip that many messages
+        # of a topic created again with the name (its queues start at 0).
+        receipts = [key for key in txn.cursor(db=dbs[RECEIPTS]).iternext(keys=True, values=False)
+                    if receipt_topic(key) == self.name]
         wctx.delete_topic(self.name)
         for key in offsets:
             txn.delete(key, db=dbs["offsets"])
+        for key in receipts:
+            txn.delete(key, db=dbs[RECEIPTS])
         tid = counters.topic_ids.pop(self.name, None)
         if tid is None:
             return None

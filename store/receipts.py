@@ -44,6 +44,14 @@ def scope_key(group: str, topic: str, queue_id: int) -> bytes:
     return b"%s\x00%s\x00%s" % (group.encode(), topic.encode(), _QUEUE.pack(queue_id))
 
 
+def receipt_topic(key: bytes) -> str | None:
+    """The topic a key of the table (a cursor's or a receipt's) belongs to."""
+    try:
+        return key[1:].split(b"\x00", 2)[1].decode()
+    except (IndexError, UnicodeDecodeError):
+        return None
+
+
 def _cursor_key(scope: bytes) -> bytes:
     return b"c" + scope
 
