@@ -125,7 +125,8 @@ class TransactionProducer(Producer):
         """Store ``msgs`` (one topic) as one batch half: a halfmq extension (RocketMQ's brokers and clients refuse
         transactional batches). One decision or check-back commits or rolls back all of them together; once
         committed they are consecutive messages of one queue. ``properties`` are the half's own (a check-back
-        sees them; each message inherits those it does not set itself). The result's message id is the half's.
+        sees them, with an empty body; each message inherits those it does not set itself). The result's message
+        id is the half's.
 
         Raises:
             ValueError: empty, several topics, or a delay level.

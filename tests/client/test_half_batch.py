@@ -88,6 +88,7 @@ async def test_a_batch_half_is_checked_back_once_and_the_answer_decides_all(brok
         result = await producer.send_half_batch(batch("HB3", 20), properties={"job": "j3"})
         checked = await asyncio.wait_for(checks.checked.get(), 10)
         assert checked.properties["job"] == "j3" and checked.properties[P.HALF_BATCH] == "20"
+        assert checked.body == b"" and checked.topic == "HB3"  # the half without the messages it holds
         await asyncio.wait_for(committed.wait(), 10)
     assert [m.body for m in await pulled(broker, "HB3", result.queue.queue_id)] == \
         [f"row-{i}".encode() for i in range(20)]
