@@ -127,7 +127,8 @@ class InspectProcessor:
         return _json(cmd, {"offsetTable": rows, "consumeTps": 0.0})
 
     def half_status(self, channel, cmd: RemotingCommand) -> RemotingCommand:
-        """One page of the pending halves, oldest check due first: age, checks so far, group, topic, offsetMsgId;
+        """One page of the pending halves, oldest check due first: age, checks so far, group, topic, offsetMsgId,
+        how many messages it holds (a batch half more than one);
         ``next`` continues after the page's last row (None after the last page)."""
         h = HalfStatusRequestHeader.from_ext(cmd.ext_fields)
         limit = _page_limit(h.limit)
@@ -142,7 +143,8 @@ class InspectProcessor:
             rows.append({"offsetMsgId": create_offset_msg_id(self.ctx.store_host, offset),
                          "transactionId": state.uniq, "producerGroup": state.group, "topic": state.topic,
                          "ageMillis": now - state.store_ts, "checks": state.checks,
-                         "nextCheckInMillis": due - now, "waitingForProducer": state.waiting})
+                         "nextCheckInMillis": due - now, "waitingForProducer": state.waiting,
+                         "messages": state.batch or 1})
         return _json(cmd, {"pending": store.pending_halves_count(), "halves": rows,
                            "next": _next_cursor(page[-1] if page else None, len(page), limit)})
 
@@ -158,7 +160,7 @@ class InspectProcessor:
             rows.append({"offset": offset, "transactionId": state.uniq, "producerGroup": state.group,
                          "topic": state.topic, "state": state.status.value, "storeTimestamp": state.store_ts,
                          "decidedTimestamp": state.decided_ts, "decidedBy": state.decided_by,
-                         "checks": state.checks})
+                         "checks": state.checks, "messages": state.batch or 1})
         last = (page[-1][0],) if page else None
         return _json(cmd, {"records": rows, "next": _next_cursor(last, len(page), limit)})
 

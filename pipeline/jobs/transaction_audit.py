@@ -2,7 +2,8 @@
 
 Reads every transaction record the broker keeps (HALFMQ_GET_TRANSACTION_RECORDS, page by page), writes a parquet
 report and prints it:
-committed, rolled back, discarded and pending counts, time to decision p50/p99 (ms) and check-backs.
+committed, rolled back, discarded and pending counts, messages committed (a batch half commits several), time to
+decision p50/p99 (ms) and check-backs.
 
     python -m halfmq.pipeline.jobs.transaction_audit --namesrv 127.0.0.1:9876 --out /tmp/audit
     spark-submit pipeline/jobs/transaction_audit.py --namesrv 127.0.0.1:9876 --out /tmp/audit
@@ -17,13 +18,13 @@ from pyspark.sql import functions as F
 from halfmq.pipeline import broker_io
 
 RECORD_SCHEMA = ("transactionId string, producerGroup string, topic string, state string, storeTimestamp long, "
-                 "decidedTimestamp long, decidedBy string, checks int")
+                 "decidedTimestamp long, decidedBy string, checks int, messages int")
 
 
 def audit(spark: SparkSession, namesrv: str, page_size: int | None = None) -> DataFrame:
     # Tuples as the pages arrive: the broker's dicts are not all held at once.
     rows = [(r["transactionId"], r["producerGroup"], r["topic"], r["state"], r["storeTimestamp"],
-             r.get("decidedTimestamp"), r.get("decidedBy"), r["checks"])
+             r.get("decidedTimestamp"), r.get("decidedBy"), r["checks"], r.get("messages", 1))
             for r in broker_io.transaction_records(namesrv, page_size)]
     df = spark.createDataFrame(rows, RECORD_SCHEMA)
     latency = F.col("decidedTimestamp") - F.col("storeTimestamp")
@@ -34,6 +35,8 @@ def audit(spark: SparkSession, namesrv: str, page_size: int | None = None) -> Da
     return (df.groupBy("producerGroup", "topic")
             .agg(count("COMMITTED").alias("committed"), count("ROLLED_BACK").alias("rolled_back"),
                  count("DISCARDED").alias("discarded"), count("PREPARED").alias("pending"),
+                 F.sum(F.when(F.col("state") == "COMMITTED", F.col("messages")).otherwise(0)).cast("long")
+                 .alias("committed_messages"),
                  F.percentile_approx(latency, 0.5).alias("decision_p50_ms"),
                  F.percentile_approx(latency, 0.99).alias("decision_p99_ms"),
                  F.sum("checks").cast("long").alias("check_backs"))

@@ -52,6 +52,9 @@ async def test_a_committed_batch_half_publishes_every_message_at_once(broker):
         result = await producer.send_half_batch(batch("HB", 300), queue, properties={"job": "j1"})
         assert result.transaction_id and result.queue == queue
         assert [m.body for m in await pulled(broker, "HB", 1)] == [b"before"]  # nothing visible before the commit
+        async with Admin(broker.namesrv_addr) as admin:
+            (pending,) = [h async for h in admin.pending_halves()]
+            assert pending["messages"] == 300 and pending["transactionId"] == result.transaction_id
         await decide(producer, result, S.COMMIT_MESSAGE)
         await decide(producer, result, S.COMMIT_MESSAGE)  # a repeated decision changes nothing
     messages = await pulled(broker, "HB", 1)

@@ -143,6 +143,8 @@ def test_transaction_audit_job(spark, live_broker, tmp_path):
         async with TransactionProducer("TX_AUDIT", plan, live_broker.namesrv_addr) as producer:
             for key in ("c1", "c2", "r", "p"):
                 await producer.send_message_in_transaction(Message("AuditT", key.encode(), keys=key))
+            half = await producer.send_half_batch([Message("AuditT", b"b%d" % i) for i in range(3)])
+            await producer.decide(half.queue, half.queue_offset, half.offset_msg_id, half.msg_id, S.COMMIT_MESSAGE)
             async with PullConsumer("BARRIER", live_broker.namesrv_addr) as c:
                 await c.update_offset(MessageQueue("AuditT", "broker-a", 0), 0)
 
@@ -150,5 +152,6 @@ def test_transaction_audit_job(spark, live_broker, tmp_path):
     report = audit(spark, live_broker.namesrv_addr)
     report.write.mode("overwrite").parquet(str(tmp_path / "audit"))
     (row,) = spark.read.parquet(str(tmp_path / "audit")).filter("producerGroup = 'TX_AUDIT'").collect()
-    assert (row.topic, row.committed, row.rolled_back, row.discarded, row.pending) == ("AuditT", 2, 1, 0, 1)
+    assert (row.topic, row.committed, row.rolled_back, row.discarded, row.pending) == ("AuditT", 3, 1, 0, 1)
+    assert row.committed_messages == 5  # the batch half's 3 messages and 2 single ones
     assert row.decision_p50_ms is not None and row.check_backs == 0
