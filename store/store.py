@@ -46,7 +46,7 @@ START_CHECK_RECORDS = 64  #: newest records whose CRC is checked at start
 
 class StoreUsage(NamedTuple):
     used_bytes: int    #: pages holding data
-    file_bytes: int    #: the data file (pages in use plus free pages LMDB reuses)
+    file_bytes: int    #: the data file (pages in use, free pages LMDB reuses, and up to 8 MiB written ahead)
     limit_bytes: int   #: the most the store can take: min(maxMapSize, data file + free disk space)
 
     @property
