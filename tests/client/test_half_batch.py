@@ -111,3 +111,15 @@ async def test_a_bad_message_refuses_the_whole_batch_half(broker):
         result = await producer.send_half_batch(batch("HB4", 2), queue)
         await decide(producer, result, S.COMMIT_MESSAGE)
     assert [m.body for m in await pulled(broker, "HB4")] == [b"row-0", b"row-1"]
+
+
+async def test_a_batch_half_outlives_a_restart_and_commits_whole(broker_factory, tmp_path):
+    broker = await broker_factory(store_dir=tmp_path / "s")
+    async with TransactionProducer("PG_HB6", Checks(), broker.namesrv_addr) as producer:
+        result = await producer.send_half_batch(batch("HB6", 40), MessageQueue("HB6", broker.ctx.config.brokerName, 2))
+    await broker.stop()
+    broker = await broker_factory(store_dir=tmp_path / "s")
+    async with TransactionProducer("PG_HB6", Checks(), broker.namesrv_addr) as producer:
+        queue = MessageQueue("HB6", broker.ctx.config.brokerName, 2)  # the route now names the new broker's port
+        await producer.decide(queue, result.queue_offset, result.offset_msg_id, result.msg_id, S.COMMIT_MESSAGE)
+    assert [m.body for m in await pulled(broker, "HB6", 2)] == [f"row-{i}".encode() for i in range(40)]
