@@ -1,4 +1,5 @@
-"""Group commit for gRPC sends: the messages of concurrent SendMessage calls reach the store as one write group.
+"""Group commit for gRPC writes: the messages, halves and decisions of concurrent calls reach the store as one
+write group.
 
 The store writes what was submitted in one loop iteration as one group (one hand-off to the writer process, one
 sync). A remoting connection's frames arrive many per read, so their sends share an iteration; grpc.aio hands the
@@ -11,30 +12,33 @@ sends come one at a time, and under load the groups grow with the load. A send w
 from __future__ import annotations
 
 import asyncio
+from typing import Callable
+
+from halfmq.store.completion import Completion
 
 
 class GroupCommit:
-    def __init__(self, submit):
-        """``submit(record)`` queues a record's write and returns its Completion (SendProcessor.submit_message)."""
-        self._submit = submit
-        self._queued: list[tuple[object, asyncio.Future]] = []
+    def __init__(self):
+        self._queued: list[tuple[Callable[[], Completion], asyncio.Future]] = []
         self._unfinished = 0  #: writes of the group being written that are not durable yet
 
-    def store(self, record) -> asyncio.Future:
-        """The write's result (its store outcome) once durable; what ``submit`` raises is raised by the future."""
+    def store(self, write: Callable[[], Completion]) -> asyncio.Future:
+        """``write()`` submits one write and returns its Completion (e.g. SendProcessor.submit_message for a
+        record); it is called once the group ahead is durable. The future has the write's result, or what
+        ``write`` or the store raised."""
         future = asyncio.get_running_loop().create_future()
-        self._queued.append((record, future))
+        self._queued.append((write, future))
         if not self._unfinished:
             self._write_queued()
         return future
 
     def _write_queued(self) -> None:
         queued, self._queued = self._queued, []
-        for record, future in queued:
+        for write, future in queued:
             if future.done():  # its call was cancelled while it waited: it is not stored
                 continue
             try:
-                completion = self._submit(record)
+                completion = write()
             except Exception as exc:
                 future.set_exception(exc)
                 continue

@@ -2,7 +2,8 @@
 
 A message is stored by the send processor's ``submit_message`` (delay levels, timer messages, the one write
 path) and a half by ``ctx.transactions.prepare``, as a remoting send is; a FIFO message's group picks its queue
-(``fifo_queue``), so a group's messages keep their order in one queue.
+(``fifo_queue``), so a group's messages keep their order in one queue. Sends, halves and decisions of concurrent
+calls go through one GroupCommit, so they share write groups.
 """
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ class SendService:
         self.endpoint = endpoint
         self.ctx = endpoint.ctx
         self.sessions = endpoint.sessions
-        self.writes = GroupCommit(send_processor.submit_message)
+        self.send_processor = send_processor
+        self.writes = GroupCommit()
 
     async def send_message(self, request, caller: Caller, context):
         if not request.messages:
@@ -100,11 +102,11 @@ class SendService:
                 raise GrpcError(Code["FORBIDDEN"], "the broker rejects transaction messages "
                                                    "(rejectTransactionMessage=true)")
             self.sessions.publishes(session, (topic,))
-            result, state = await ctx.transactions.prepare(rec, group, session)
+            result, state = await self.writes.store(lambda: ctx.transactions.prepare(rec, group, session))
             entry.transaction_id = transaction_id(result.physical_offset, state.queue_offset)
         else:
             try:
-                result = await self.writes.store(rec)
+                result = await self.writes.store(lambda: self.send_processor.submit_message(rec))
             except BrokerError as exc:
                 if P.TIMER_DELIVER_MS in props:  # beyond timerMaxDelaySec, or not a time: the reference's code
                     raise GrpcError(Code["ILLEGAL_DELIVERY_TIME"], exc.remark) from None
@@ -132,8 +134,8 @@ class SendService:
         half_offset, queue_offset = place
         from_check = request.source == TransactionSource["SOURCE_SERVER_CHECK"]
         try:
-            await self.ctx.transactions.decide(half_offset, transaction_group(topic), queue_offset, decision,
-                                               from_check)
+            await self.writes.store(lambda: self.ctx.transactions.decide(
+                half_offset, transaction_group(topic), queue_offset, decision, from_check))
         except (HalfNotFoundError, HalfMismatchError) as exc:
             raise GrpcError(Code["INVALID_TRANSACTION_ID"], str(exc)) from None
         return pb.EndTransactionResponse(status=ok())

@@ -19,13 +19,15 @@ pytestmark = pytest.mark.grpc
 IN_FLIGHT = 48
 
 
-def send_request(index: int, deliver_at: int | None = None) -> SendMessageRequest:
+def send_request(index: int, deliver_at: int | None = None, transactional: bool = False) -> SendMessageRequest:
     request = SendMessageRequest()
     msg = request.messages.add()
     msg.topic.name, msg.body = "Grouped", f"body-{index}".encode()
     msg.system_properties.message_id = f"01GROUPED{index:06d}"
     msg.system_properties.body_encoding = Encoding.IDENTITY
-    if deliver_at is None:
+    if transactional:
+        msg.system_properties.message_type = MessageType.TRANSACTION
+    elif deliver_at is None:
         msg.system_properties.message_type = MessageType.NORMAL
     else:
         msg.system_properties.message_type = MessageType.DELAY
@@ -38,7 +40,9 @@ def test_sends_in_flight_together_are_written_in_shared_groups_each_with_its_own
     store = broker.broker.ctx.store
     assert raw_call(broker.endpoint, "SendMessage", send_request(-1)).status.code == Code.OK  # creates the topic
     too_late = int(time.time()) + 3600  # beyond timerMaxDelaySec: refused by the write path, alone
-    requests = [send_request(i, too_late if i == IN_FLIGHT // 2 else None) for i in range(IN_FLIGHT)]
+    # Every third one a half: halves share the groups too.
+    requests = [send_request(i, too_late if i == IN_FLIGHT // 2 else None, transactional=i % 3 == 1)
+                for i in range(IN_FLIGHT)]
     metadata = Signature.metadata(ClientConfiguration(broker.endpoint, Credentials("", "")), "grouped@1")
     endpoint = broker.broker.grpc
     with grpc.insecure_channel(broker.endpoint) as channel:
