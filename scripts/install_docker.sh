@@ -12,11 +12,6 @@ have_docker() {
 if have_docker; then
     exit 0
 fi
-sudo=""
-if [ "$(id -u)" -ne 0 ]; then
-    sudo="sudo"
-fi
-$sudo apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends docker.io debootstrap >/dev/null
+bash "$(dirname "$0")/apt_install.sh" docker.io debootstrap
 have_docker || { echo "docker.io and debootstrap are installed but dockerd, docker-proxy or debootstrap is missing" >&2; exit 1; }
 echo "Docker engine and debootstrap installed"

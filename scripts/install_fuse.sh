@@ -9,12 +9,7 @@ have_fuse() {
 if have_fuse; then
     exit 0
 fi
-sudo=""
-if [ "$(id -u)" -ne 0 ]; then
-    sudo="sudo"
-fi
-$sudo apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends fuse3 >/dev/null
+bash "$(dirname "$0")/apt_install.sh" fuse3
 have_fuse || { echo "fuse3 is installed but libfuse3.so.3 or fusermount3 is still missing" >&2; exit 1; }
 [ -c /dev/fuse ] || echo "warning: /dev/fuse is missing: the power-loss tests cannot mount" >&2
 echo "FUSE 3 installed"
