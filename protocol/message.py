@@ -293,6 +293,23 @@ def decode_records(buf) -> list[MessageRecord]:
     return out
 
 
+def record_body(buf) -> memoryview:
+    """The body of an encoded record, as a view (no copy, nothing else decoded).
+
+    Raises:
+        MessageFormatError: ``buf`` is too short, or its body length runs past it.
+    """
+    try:
+        p = _body_length_pos(buf)
+        (body_len,) = _I32.unpack_from(buf, p)
+    except struct.error:
+        raise MessageFormatError("truncated record") from None
+    p += 4
+    if body_len < 0 or p + body_len > len(buf):
+        raise MessageFormatError("body length out of range")
+    return memoryview(buf)[p:p + body_len]
+
+
 def split_records(buf) -> list[bytearray]:
     """A concatenation of encoded records (a pull body, a batch half's body) cut into mutable copies, one per
     record, by each record's totalSize; nothing else is decoded.

@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from halfmq.protocol import properties as P
-from halfmq.protocol.message import (body_crc_matches, decode_record, mark_committed, record_properties_text,
-                                     rewrite_record, split_records)
 from halfmq.protocol.errors import MessageFormatError
+from halfmq.protocol.message import (body_crc_matches, decode_record, mark_committed, record_body,
+                                     record_properties_text, rewrite_record, split_records)
 from halfmq.protocol.properties import decode_properties
 
 from .context import WriteContext
@@ -61,7 +61,7 @@ def _commit_requests(raw: bytes, half_offset: int, state: HalfState) -> list[Put
         mark_committed(record, half_offset)
         return [PutRequest(state.topic, state.queue_id, record, state.tags_code, True, state.keys)]
     try:
-        records = split_records(decode_record(raw).body)
+        records = split_records(record_body(raw))
     except MessageFormatError as exc:
         raise CorruptRecordError(half_offset, f"the batch half's body: {exc}") from None
     if len(records) != state.batch:
@@ -127,10 +127,11 @@ class DecideHalf(Op):
             raise HalfConflictError(f"the transaction is already {current.value}; {wanted.value} refused")
         committed = None
         if self.commit:
+            # Their names and KEYS were checked when the half was prepared (PrepareHalf).
             requests = _commit_requests(_half_record(wctx, offset), offset, state)
-            for request in requests:
-                wctx.check_message(request)
-            committed = [wctx.put_message(request) for request in requests][0]
+            committed = wctx.put_message(requests[0])
+            for request in requests[1:]:
+                wctx.put_message(request)
             state.committed_offset = committed.physical_offset
         if current is HalfStatus.PREPARED:
             wctx.remove_due(state.due, offset)
