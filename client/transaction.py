@@ -121,20 +121,24 @@ class TransactionProducer(Producer):
         return await self._send(msg, props, queue, uniq, sys_flag=SysFlag.TRANSACTION_PREPARED_TYPE)
 
     async def send_half_batch(self, msgs: list[Message], queue: MessageQueue | None = None,
-                              properties: dict[str, str] | None = None) -> SendResult:
+                              properties: dict[str, str] | None = None,
+                              check_immunity_seconds: int | None = None) -> SendResult:
         """Store ``msgs`` (one topic) as one batch half: a halfmq extension (RocketMQ's brokers and clients refuse
         transactional batches). One decision or check-back commits or rolls back all of them together; once
         committed they are consecutive messages of one queue. ``properties`` are the half's own (a check-back
         sees them, with an empty body; each message inherits those it does not set itself). The result's message
-        id is the half's.
+        id is the half's. ``check_immunity_seconds``: no check-back before this many seconds.
 
         Raises:
-            ValueError: empty, several topics, or a delay level.
+            ValueError: empty, several topics, a delay level, or a reserved property name in ``properties``.
             BrokerError: the broker refused the batch (a broker other than halfmq refuses it too).
         """
+        # The half's properties as a Message's are: user names only, the reserved ones set here.
+        half = Message(msgs[0].topic if msgs else "", properties=dict(properties or {}),
+                       check_immunity_seconds=check_immunity_seconds)
         _ids, body = self._batch_body(msgs)
         uniq = self.uniq.next()
-        props = {**(properties or {}), P.WAIT: "true", P.TRAN_MSG: "true", P.PGROUP: self.group, P.UNIQ_KEY: uniq}
+        props = half.wire_properties(uniq, {P.TRAN_MSG: "true", P.PGROUP: self.group})
         return await self._send(msgs[0], props, queue, uniq, sys_flag=SysFlag.TRANSACTION_PREPARED_TYPE,
                                 code=RequestCode.SEND_BATCH_MESSAGE, body=body, batch=True)
 

@@ -15,7 +15,6 @@ from halfmq.client import LocalTransactionState, Message, MessageQueue, Transact
 from halfmq.client.admin import Admin
 from halfmq.client.errors import BrokerError, ClientError, IllegalOperationError
 from halfmq.protocol.codes import ResponseCode
-from halfmq.protocol.properties import CHECK_IMMUNITY_TIME_IN_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -270,7 +269,7 @@ def send_halves(namesrv: str, group: str, tag: HalfTag, messages: Iterable[tuple
     """Store messages (each with the queue id it must go to, or None) in batch halves of one topic and queue of
     at most ``rows_per_half`` rows, ``window`` halves in flight, reading ``messages`` as it goes; no check-back
     comes before ``immunity_seconds``. On failure the halves stored are rolled back and the error raised."""
-    half_properties = {**tag.half_properties(), CHECK_IMMUNITY_TIME_IN_SECONDS: str(immunity_seconds)}
+    half_properties = tag.half_properties()
 
     async def run() -> list[HalfRecord]:
         producer, listener = sink_producer(namesrv, group)
@@ -282,7 +281,7 @@ def send_halves(namesrv: str, group: str, tag: HalfTag, messages: Iterable[tuple
         async def one(batch: list[Message], queue_id: int | None) -> None:
             try:
                 queue = None if queue_id is None else await _queue_of(producer, batch[0].topic, queue_id)
-                r = await producer.send_half_batch(batch, queue, half_properties)
+                r = await producer.send_half_batch(batch, queue, half_properties, immunity_seconds)
                 sent.append((r.queue.topic, r.queue.broker_name, r.queue.queue_id, r.queue_offset, r.msg_id,
                              r.offset_msg_id))
             except BaseException as exc:

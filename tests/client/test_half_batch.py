@@ -106,6 +106,8 @@ async def test_a_bad_message_refuses_the_whole_batch_half(broker):
         with pytest.raises(BrokerError) as refused:
             await producer.send_half_batch(rows, queue)
         assert refused.value.code == ResponseCode.MESSAGE_ILLEGAL and "KEYS" in refused.value.remark
+        with pytest.raises(ValueError, match="reserved"):  # the half's own properties are user names only
+            await producer.send_half_batch(batch("HB4", 2), queue, properties={P.DELAY: "3"})
         async with Admin(broker.namesrv_addr) as admin:
             assert [h async for h in admin.pending_halves()] == []  # nothing of it was stored
         result = await producer.send_half_batch(batch("HB4", 2), queue)
