@@ -1,12 +1,14 @@
 """Producer (NORMAL, FIFO) and SimpleConsumer (receive, ack, invisibility, redelivery, DLQ) over gRPC."""
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
 from rocketmq import FilterExpression, Message, Producer, SimpleConsumer
 from rocketmq.v5.exception import BadRequestException
 
+from halfmq.client.admin import Admin
 from halfmq.protocol.message import decode_record
 
 from .conftest import receive_all
@@ -208,3 +210,22 @@ def test_acknowledging_a_fifo_message_wakes_a_waiting_receive_for_the_next(grpc_
     holder.ack(first)
     thread.join(15)
     assert [m.body for m in got] == [b"w1"] and time.monotonic() - started < 5  # not at the end of its long poll
+
+
+def test_a_topic_deleted_and_created_again_is_received_from_its_start(grpc_broker, clients):
+    """Before: deleteTopic left the group's cursors behind, so the new topic's first messages were skipped."""
+    producer = clients(Producer(grpc_broker.config(), ("Recreated",)))
+    for i in range(32):  # every queue of the topic gets some: every cursor moves past 0
+        producer.send(message("Recreated", b"old %d" % i))
+    consumer = clients(SimpleConsumer(grpc_broker.config(), "Readers", {"Recreated": FilterExpression("*")},
+                                      await_duration=2))
+    for m in receive_all(consumer, 32):
+        consumer.ack(m)
+
+    async def delete() -> None:
+        async with Admin(grpc_broker.broker.namesrv_addr) as admin:
+            await admin.delete_topic("Recreated")
+
+    asyncio.run(delete())
+    producer.send(message("Recreated", b"new"))
+    assert [m.body for m in receive_all(consumer, 1, timeout=10)] == [b"new"]
