@@ -3,9 +3,10 @@ and no rolled-back message is ever visible.
 
 A live broker (a subprocess in its own process group, as users start it) keeps its store on powerfs
 (tests/support/powerfs.py), a FUSE layer on which only fsynced data is durable. Producers send plain messages and
-run transactions concurrently; after a seeded number of acknowledged operations the power is cut (``drop``: every
-unsynced write is lost; ``partial``: unsynced pages reach the disk in file-offset order up to a seeded point),
-the broker's whole process group is killed, the disk is remounted and a new broker is started on the same store.
+run transactions concurrently (single halves, and batch halves whose messages must be all visible or none); after
+a seeded number of acknowledged operations the power is cut (``drop``: every unsynced write is lost; ``partial``:
+unsynced pages reach the disk in file-offset order up to a seeded point), the broker's whole process group is
+killed, the disk is remounted and a new broker is started on the same store.
 Each case's disk takes a seeded 2-20 ms per fsync (an SSD to a network disk).
 Every queue of both topics is then read from offset 0.
 
@@ -56,7 +57,7 @@ LOCAL = {"commit": S.COMMIT_MESSAGE, "rollback": S.ROLLBACK_MESSAGE, "check-comm
          "check-rollback": S.UNKNOW}
 CHECK = {"commit": S.COMMIT_MESSAGE, "rollback": S.ROLLBACK_MESSAGE, "check-commit": S.COMMIT_MESSAGE,
          "check-rollback": S.ROLLBACK_MESSAGE}
-PLAIN_SENDERS, TX_SENDERS = 12, 6
+PLAIN_SENDERS, TX_SENDERS, BATCH_SENDERS = 12, 6, 2
 FSYNC_MS = (2, 5, 10, 20)  #: the disk's fsync latency, one drawn per case
 LOAD_TIMEOUT_S = 90  #: the load must reach its cut point by then (a slow store is a failure too)
 
@@ -80,6 +81,7 @@ class Ledger:
     acked_sends: dict[bytes, tuple[int, int]] = field(default_factory=dict)  # body → (queue id, queue offset)
     acked_commits: set[bytes] = field(default_factory=set)
     rolled_back: set[bytes] = field(default_factory=set)
+    batches: dict[str, list[bytes]] = field(default_factory=dict)  # a batch half's transaction id → its bodies
     checks: int = 0
     cut: bool = False
     errors_before_cut: list[str] = field(default_factory=list)
@@ -101,7 +103,7 @@ class KindListener:
         return LOCAL[msg.keys]
 
     def check_local_transaction(self, msg):
-        return CHECK[msg.keys]
+        return CHECK[msg.keys or msg.properties["kind"]]  # a batch half's kind is its own property
 
 
 class TwoWayTransactionProducer(TransactionProducer):
@@ -143,8 +145,8 @@ class TwoWayTransactionProducer(TransactionProducer):
         except ClientError as exc:
             self.ledger.failed("answering a check-back", exc)
             return
-        if ok and state is S.COMMIT_MESSAGE:
-            self.ledger.acked_commits.add(msg.body)
+        if ok and state is S.COMMIT_MESSAGE:  # a batch half is checked without its messages: the ledger has them
+            self.ledger.acked_commits.update(self.ledger.batches.get(ext.get("transactionId"), [msg.body]))
 
 
 def _body(prefix: str, rng: random.Random) -> bytes:
@@ -190,6 +192,32 @@ async def tx_sender(producer: TwoWayTransactionProducer, ledger: Ledger, worker:
             ledger.ack()
 
 
+async def batch_sender(producer: TwoWayTransactionProducer, ledger: Ledger, worker: int, rng: random.Random
+                       ) -> None:
+    """Transactions of 2-12 messages each (batch halves): whole or not at all after the cut."""
+    kinds = list(LOCAL)
+    for n in range(1_000_000):
+        kind = kinds[(worker + n) % len(kinds)]
+        bodies = [_body(f"batch-{kind}-{worker}-{n}-{i}:", rng) for i in range(rng.randint(2, 12))]
+        ledger.sent.update(bodies)
+        if CHECK[kind] is S.ROLLBACK_MESSAGE:
+            ledger.rolled_back.update(bodies)
+        try:
+            result = await producer.send_half_batch([Message(TX, body) for body in bodies], properties={"kind": kind})
+            if result.status is not SendStatus.SEND_OK:
+                continue
+            ledger.batches[result.transaction_id] = bodies
+            ledger.ack()
+            state = LOCAL[kind]
+            ok = await producer.end_two_way(result, state)
+        except ClientError as exc:
+            ledger.failed("batch transaction", exc)
+            return
+        if ok and state is S.COMMIT_MESSAGE:
+            ledger.acked_commits.update(bodies)
+            ledger.ack()
+
+
 async def load_and_cut(broker: BrokerProcess, disk: PowerDisk, ledger: Ledger, rng: random.Random,
                        model: str, tag: str) -> str:
     """Run the load until ``ledger.cut_after`` acknowledged operations, cut the power, kill the broker's group."""
@@ -204,6 +232,8 @@ async def load_and_cut(broker: BrokerProcess, disk: PowerDisk, ledger: Ledger, r
                   for w in range(PLAIN_SENDERS)]
         tasks += [asyncio.create_task(tx_sender(tx, ledger, w, random.Random(rng.random())))
                   for w in range(TX_SENDERS)]
+        tasks += [asyncio.create_task(batch_sender(tx, ledger, w, random.Random(rng.random())))
+                  for w in range(BATCH_SENDERS)]
         await asyncio.wait([reached, *tasks], timeout=LOAD_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
         if not ledger.reached.is_set():
             pytest.fail(f"{tag}: the load stopped after {ledger.acks} of {ledger.cut_after} acknowledged "
@@ -269,6 +299,10 @@ def problems(ledger: Ledger, found: list[tuple[str, int, int, bytes]], durable_a
     twice = [b for b, count in bodies.items() if count > 1]
     if twice:
         out.append(f"{len(twice)} messages are visible more than once, e.g. {twice[0][:32]!r}")
+    torn = [batch for batch in ledger.batches.values() if 0 < len(tx_bodies.intersection(batch)) < len(batch)]
+    if torn:
+        out.append(f"{len(torn)} batch halves are partly visible, e.g. {len(tx_bodies.intersection(torn[0]))} of "
+                   f"{len(torn[0])}")
     strangers = set(bodies) - ledger.sent
     if strangers:
         out.append(f"{len(strangers)} messages were never sent (garbage read back)")
@@ -306,7 +340,7 @@ async def power_cut_case(seed: int, model: str, flush: str) -> None:
             await broker.kill_group()
         disk.power_off()
         tag += (f"; {summary}; {len(ledger.acked_sends)} sends and {len(ledger.acked_commits)} commits "
-                f"acknowledged, {ledger.checks} check-backs")
+                f"acknowledged, {len(ledger.batches)} batch halves stored, {ledger.checks} check-backs")
         print(tag)
         assert not ledger.errors_before_cut, f"{tag}: requests failed before the cut: {ledger.errors_before_cut[:5]}"
         broker = BrokerProcess(disk.power_on(), *flags)
