@@ -23,8 +23,7 @@ import weakref
 from halfmq.protocol import properties as P
 from halfmq.protocol.codes import FLAG_ONEWAY, RequestCode
 from halfmq.protocol.command import RemotingCommand
-from halfmq.protocol.message import (create_offset_msg_id, decode_record, encode_record, record_properties_text,
-                                     rewrite_record)
+from halfmq.protocol.message import create_offset_msg_id, record_properties_text, rewrite_record
 from halfmq.protocol.properties import decode_properties, encode_properties
 
 from ..context import now_ms
@@ -219,17 +218,12 @@ class CheckBackService:
         if raw is None:
             log.error("half message at %d is missing from the commit log (or failed its CRC check)", offset)
             return False
-        # The body is the half record shown as a message of its real topic and queue (reference §3.3).
-        if state.batch:
-            # A batch half without the messages it holds: a producer answers from the half's properties, and up to
-            # maxMessageSize per check would take a producer's whole transactionCheckMaxUnreadBytes.
-            rec = decode_record(raw)
-            rec.topic, rec.queue_id, rec.body = state.topic, state.queue_id, b""
-            rec.properties[P.TRANSACTION_CHECK_TIMES] = str(state.checks + 1)
-            body = encode_record(rec)
-        else:
-            body = rewrite_record(raw, state.topic, state.queue_id,
-                                  with_check_times(record_properties_text(raw), state.checks + 1))
+        # The body is the half record shown as a message of its real topic and queue (reference §3.3); a batch
+        # half's without the messages it holds: a producer answers from the half's properties, and up to
+        # maxMessageSize per check would take a producer's whole transactionCheckMaxUnreadBytes.
+        body = rewrite_record(raw, state.topic, state.queue_id,
+                              with_check_times(record_properties_text(raw), state.checks + 1),
+                              without_body=bool(state.batch))
         uniq = state.uniq
         header = {"tranStateTableOffset": str(state.queue_offset), "commitLogOffset": str(offset),
                   "msgId": uniq, "transactionId": uniq,
