@@ -26,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from halfmq.client import Message, MessageQueue, Producer, PullConsumer  # noqa: E402
+from tests.support.local_spark import local_spark  # noqa: E402
 
 READY = re.compile(r"halfmq ready: broker (\S+) namesrv (\S+)")
 
@@ -112,14 +113,8 @@ def bench_sink(spark, namesrv: str, args) -> None:
           f"parquet_write_rows_per_s={parquet_rate:,.0f} ratio={sink_rate / parquet_rate:.2f}", flush=True)
 
 
-def run_sink(args, namesrv: str) -> None:
-    from halfmq.pipeline import register
-    from pyspark.sql import SparkSession
-
-    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.driver.bindAddress", "127.0.0.1").getOrCreate())
-    register(spark)
+def run_sink(args, namesrv: str, scratch: str) -> None:
+    spark = local_spark("halfmq-bench-sink", scratch)
     bench_sink(spark, namesrv, args)
     spark.stop()
 
@@ -136,29 +131,24 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    with tempfile.TemporaryDirectory(prefix="halfmq-bench-spark-") as store:
+    with tempfile.TemporaryDirectory(prefix="halfmq-bench-spark-") as store, \
+            tempfile.TemporaryDirectory(prefix="halfmq-bench-spark-scratch-", ignore_cleanup_errors=True) as scratch:
         broker, namesrv = start_broker(store)
         try:
-            run(args, namesrv)
+            run(args, namesrv, scratch)
         finally:
             broker.send_signal(signal.SIGTERM)
             broker.wait(30)
 
 
-def run(args, namesrv: str) -> None:
+def run(args, namesrv: str, scratch: str) -> None:
     if args.sink:
-        return run_sink(args, namesrv)
+        return run_sink(args, namesrv, scratch)
     started = time.perf_counter()
     total = asyncio.run(fill(namesrv, "SparkBench", args.messages, args.size, args.queues))
     print(f"filled {total:,} messages in {time.perf_counter() - started:.1f} s", flush=True)
 
-    from halfmq.pipeline import register
-    from pyspark.sql import SparkSession
-
-    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.driver.bindAddress", "127.0.0.1").getOrCreate())
-    register(spark)
+    spark = local_spark("halfmq-bench-source", scratch)
     bench_source(spark, namesrv, total, args)
     spark.stop()
 

@@ -15,9 +15,14 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceWriter, InputPartition,
                                     WriterCommitMessage)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.support.local_spark import local_spark  # noqa: E402
 
 
 class _Written(WriterCommitMessage):
@@ -102,13 +107,16 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
+    with tempfile.TemporaryDirectory(prefix="halfmq-bench-ceiling-scratch-", ignore_cleanup_errors=True) as scratch:
+        spark = local_spark("halfmq-bench-ceiling", scratch)
+        spark.dataSource.register(Ceiling)
+        measure(spark, args)
+        spark.stop()
+
+
+def measure(spark, args) -> None:
     from pyspark.sql import functions as F
 
-    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.driver.bindAddress", "127.0.0.1").getOrCreate())
-    spark.dataSource.register(Ceiling)
     rows = args.messages
     padding = "x" * max(0, args.size - 12)  # the rows of bench_spark.py --sink
     df = spark.range(0, rows, numPartitions=2).select(
@@ -131,7 +139,6 @@ def main() -> None:
           f"sink_ceiling={sink['python_sink'] / sink['parquet_write']:.2f} "
           f"python_source_rows_per_s={read['python_source']:,.0f} parquet_read_rows_per_s={read['parquet_read']:,.0f} "
           f"source_ceiling={read['python_source'] / read['parquet_read']:.2f}", flush=True)
-    spark.stop()
 
 
 if __name__ == "__main__":

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
 from tests.support.broker_thread import BrokerThread
+from tests.support.local_spark import local_spark
 
 
 def pytest_collection_modifyitems(items):
@@ -17,19 +19,14 @@ def pytest_collection_modifyitems(items):
 
 
 @pytest.fixture(scope="session")
-def spark():
+def spark(tmp_path_factory):
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    from pyspark.sql import SparkSession
-
-    from halfmq.pipeline import register
-
-    session = (SparkSession.builder.master("local[2]").appName("halfmq-tests")
-               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-               .config("spark.driver.bindAddress", "127.0.0.1").getOrCreate())
-    register(session)
+    scratch = tmp_path_factory.mktemp("spark")
+    session = local_spark("halfmq-tests", scratch, **{"spark.sql.shuffle.partitions": "2"})
     yield session
     session.stop()
+    shutil.rmtree(scratch, ignore_errors=True)  # the JVM lives on until pytest exits, idle
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ from halfmq.client import Message, MessageQueue, Producer
 from halfmq.protocol.message import decode_record
 
 from tests.support.broker_thread import BrokerThread
+from tests.support.local_spark import local_spark
 
 GROUP = "halfmq-spark-sink"
 #: The jobs' checkImmunitySeconds: orphans are checked soon after a crash, and the halves of a running job are
@@ -31,6 +32,7 @@ IMMUNITY = "10"
 #: Rows per batch half: small, so a job stores and commits many halves and each kill lands in the middle of them.
 ROWS_PER_HALF = "100"
 ROOT = Path(__file__).resolve().parents[2]
+SCRATCH = "HALFMQ_TEST_SPARK_SCRATCH"  #: the driver's Spark scratch folder, set by Driver
 
 
 @pytest.fixture
@@ -95,9 +97,10 @@ class Driver:
 
     def __init__(self, tmp_path: Path, mode: str, namesrv: str, *args: str):
         self.namesrv = namesrv
+        run = time.monotonic_ns()
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1",
-               "PYTHONPATH": str(ROOT)}
-        self.err_path = tmp_path / f"driver-{time.monotonic_ns()}.err"
+               "PYTHONPATH": str(ROOT), SCRATCH: str(tmp_path / f"spark-{run}")}
+        self.err_path = tmp_path / f"driver-{run}.err"
         with open(self.err_path, "wb") as err:
             self.proc = subprocess.Popen([sys.executable, __file__, mode, namesrv, *args], stdout=subprocess.PIPE,
                                          stderr=err, start_new_session=True, env=env, text=True)
@@ -233,15 +236,8 @@ def test_a_task_failing_once_and_a_job_failing_publish_once_and_nothing(broker, 
 
 # --- the driver ---
 def _session(master: str = "local[2]"):
-    from pyspark.sql import SparkSession
-
-    from halfmq.pipeline import register
-
-    spark = (SparkSession.builder.master(master).appName("halfmq-sink-crash")
-             .config("spark.ui.enabled", "false").config("spark.driver.bindAddress", "127.0.0.1")
-             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
-    register(spark)
-    return spark
+    # Its scratch folder is under the test's tmp_path: a killed driver leaves it there, not in /tmp.
+    return local_spark("halfmq-sink-crash", os.environ[SCRATCH], master, **{"spark.sql.shuffle.partitions": "2"})
 
 
 def _write(df, namesrv: str, topic: str) -> None:
