@@ -49,6 +49,9 @@ class Dispatcher:
         self.authorize: Callable[[Channel, RemotingCommand], None] | None = None
         #: transport.ConnectionLimits for the connections this dispatcher serves (None: the defaults).
         self.limits = None
+        #: The store whose write group a connection holds while it dispatches a burst (hold_group/release_group);
+        #: None: the connections' requests do not write.
+        self.store = None
 
     def register(self, code: int, handler: Handler) -> None:
         self.handlers[int(code)] = handler

@@ -150,6 +150,7 @@ class Broker:
         NameServerProcessor(ctx).register(self.namesrv_dispatcher)
         self.dispatcher.on_channel_closed(ctx.producers.channel_closed)
         self.store.publish_hooks.append(self.dispatcher.flush_answers)
+        self.dispatcher.store = self.store
         self.dispatcher.on_channel_closed(ctx.consumers.channel_closed)
         self.store.add_arrival_listener(ctx.long_poll.on_arrival)
         self.store.add_arrival_listener(ctx.schedule.on_arrival)

@@ -83,6 +83,7 @@ class MessageStore:
         self.publish_hooks: list[Callable[[], None]] = []
         self._outbox: list[Op] = []
         self._outbox_completions: list[Completion] = []
+        self._group_holds = 0  # bursts keeping the outbox open past the loop iteration (hold_group)
         self.closed = True
         self.corrupt_records = 0
         self.total_groups = 0
@@ -191,7 +192,7 @@ class MessageStore:
         if self.closed:
             return
         self.closed = True
-        self._flush_outbox()
+        self._send_group()
         await self.link.close()
         self.env.close()
         self.owner.release()
@@ -210,14 +211,33 @@ class MessageStore:
             # Through the same hand-off as a write's outcome: the broker writes answers when a batch is published.
             self.loop.call_soon(self._publish, [(completion, (False, StoreFullError(self.refusing)))], {})
             return completion
-        # Writes made in one loop iteration go to the writer together at its end: one group.
+        # Writes made in one loop iteration go to the writer together at its end (or at the end of a held burst):
+        # one group.
         if not self._outbox:
             self.loop.call_soon(self._flush_outbox)
         self._outbox.append(op)
         self._outbox_completions.append(completion)
         return completion
 
+    def hold_group(self) -> None:
+        """Keep the writes submitted from now on in one group across loop iterations, until release_group.
+
+        A connection dispatching a burst of requests over several iterations (broker/transport.py) holds the
+        group for the burst, so that the burst costs one writer commit while answers that became durable meanwhile
+        still go out between its slices."""
+        self._group_holds += 1
+
+    def release_group(self) -> None:
+        """End a hold_group: what was submitted goes to the writer now, even while other bursts hold (so writes
+        never wait for more than the burst that held them)."""
+        self._group_holds -= 1
+        self._send_group()
+
     def _flush_outbox(self) -> None:
+        if not self._group_holds:  # else the release of the hold sends the group
+            self._send_group()
+
+    def _send_group(self) -> None:
         ops, completions = self._outbox, self._outbox_completions
         if not ops:
             return

@@ -72,6 +72,33 @@ async def test_concurrent_puts_are_grouped_into_few_commits(open_store):
     assert store.max_offset("T", 0) == 500
 
 
+async def test_a_held_group_waits_for_its_hold_and_not_for_other_holds(open_store):
+    """A burst dispatched over several loop iterations holds the group (broker/transport.py): its writes go to the
+    writer together when its hold ends, and then even while another burst still holds, so no write waits for more
+    than the burst that held it."""
+    store = await open_store()
+    before = store.total_groups
+    store.hold_group()  # burst A
+    a = store.submit(PutMessage(request(body=b"a")))
+    store.hold_group()  # burst B, overlapping A
+    b = store.submit(PutMessage(request(body=b"b")))
+    for _ in range(3):  # loop iterations pass: the end-of-iteration flush keeps the group open
+        await asyncio.sleep(0)
+    assert store.total_groups == before and not a.done()
+    store.release_group()  # A ends while B still holds
+    assert (store.total_groups, store.last_group_size) == (before + 1, 2)
+    c = store.submit(PutMessage(request(body=b"c")))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert store.total_groups == before + 1  # B holds
+    store.release_group()
+    assert (store.total_groups, store.last_group_size) == (before + 2, 1)
+    results = [await a, await b, await c]
+    assert [r.queue_offset for r in results] == [0, 1, 2]
+    d = store.submit(PutMessage(request(body=b"d")))  # no hold: the end of the iteration sends it
+    assert (await d).queue_offset == 3 and store.total_groups == before + 3
+
+
 async def test_an_op_that_cannot_be_applied_fails_alone_and_leaves_nothing(open_store):
     store = await open_store()
     kept = store.submit(PutMessage(request(body=b"kept")))
