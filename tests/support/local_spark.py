@@ -21,7 +21,9 @@ def local_spark(app_name: str, scratch: Path | str, master: str = "local[2]", **
                .config("spark.driver.bindAddress", "127.0.0.1")
                # spark.local.dir: the block manager; java.io.tmpdir: the other folders (Utils.createTempDir)
                .config("spark.local.dir", str(scratch))
-               .config("spark.driver.extraJavaOptions", f"-Djava.io.tmpdir={scratch}"))
+               .config("spark.driver.extraJavaOptions", f"-Djava.io.tmpdir={scratch}")
+               # TMPDIR of the Python workers: the sink's owner records (pipeline/sink_lease.py)
+               .config("spark.executorEnv.TMPDIR", str(scratch)))
     for key, value in conf.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
