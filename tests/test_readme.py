@@ -157,7 +157,7 @@ def check_expected_output(block: Block, output: str) -> None:
 
 
 async def run_python(block: Block, namesrv: str, tmp_path: Path) -> None:
-    env = fresh_shell_env(NAMESRV_ADDR=namesrv)
+    env = fresh_shell_env(NAMESRV_ADDR=namesrv, TMPDIR=str(tmp_path))  # the sink's owner records (sink_lease.py)
     invocations = SPARK_INVOCATIONS if "pyspark" in block.text else (".venv/bin/python app.py",)
     for number, invocation in enumerate(invocations):
         folder = tmp_path / str(number)  # what one run leaves (a stream's checkpoint) must not steer the next
@@ -227,7 +227,8 @@ async def run_shell(block: Block, namesrv: str, tmp_path: Path, monkeypatch) -> 
             await run_broker_start(command, tmp_path, monkeypatch)
         else:
             timeout = TIMEOUT["spark" if block.uses_spark else "run"]
-            output = await run(["bash", "-c", command], REPO, fresh_shell_env(NAMESRV_ADDR=namesrv), timeout)
+            env = fresh_shell_env(NAMESRV_ADDR=namesrv, TMPDIR=str(tmp_path))
+            output = await run(["bash", "-c", command], REPO, env, timeout)
             check_expected_output(Block(block.lang, command, block.section, block.line), output)
 
 
