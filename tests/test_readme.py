@@ -156,8 +156,14 @@ def check_expected_output(block: Block, output: str) -> None:
                 assert re.search(pattern, output), f"{block.name}: no {pattern!r} in its output:\n{output[-4000:]}"
 
 
+def example_env(namesrv: str, tmp_path: Path) -> dict[str, str]:
+    """A reader's shell pointed at the test broker, with its temp files (the Spark sink's owner records,
+    sink_lease.py) in the test's folder rather than /tmp."""
+    return fresh_shell_env(NAMESRV_ADDR=namesrv, TMPDIR=str(tmp_path))
+
+
 async def run_python(block: Block, namesrv: str, tmp_path: Path) -> None:
-    env = fresh_shell_env(NAMESRV_ADDR=namesrv, TMPDIR=str(tmp_path))  # the sink's owner records (sink_lease.py)
+    env = example_env(namesrv, tmp_path)
     invocations = SPARK_INVOCATIONS if "pyspark" in block.text else (".venv/bin/python app.py",)
     for number, invocation in enumerate(invocations):
         folder = tmp_path / str(number)  # what one run leaves (a stream's checkpoint) must not steer the next
@@ -227,8 +233,7 @@ async def run_shell(block: Block, namesrv: str, tmp_path: Path, monkeypatch) -> 
             await run_broker_start(command, tmp_path, monkeypatch)
         else:
             timeout = TIMEOUT["spark" if block.uses_spark else "run"]
-            env = fresh_shell_env(NAMESRV_ADDR=namesrv, TMPDIR=str(tmp_path))
-            output = await run(["bash", "-c", command], REPO, env, timeout)
+            output = await run(["bash", "-c", command], REPO, example_env(namesrv, tmp_path), timeout)
             check_expected_output(Block(block.lang, command, block.section, block.line), output)
 
 
@@ -272,7 +277,7 @@ async def test_database_transaction_example_runs(broker, tmp_path):
     (tmp_path / "app.py").write_text(example.text)
     published = asyncio.Event()
     broker.store.add_arrival_listener(lambda topic, q, m: published.set() if topic == "OrderEvents" else None)
-    output = await run([sys.executable, "app.py"], tmp_path, fresh_shell_env(NAMESRV_ADDR=broker.namesrv_addr), 60)
+    output = await run([sys.executable, "app.py"], tmp_path, example_env(broker.namesrv_addr, tmp_path), 60)
     assert "committed order and message" in output
     assert sqlite3.connect(tmp_path / "shop.db").execute("SELECT item FROM orders").fetchall() == [("book",)]
     await asyncio.wait_for(published.wait(), 10)  # END_TRANSACTION is oneway: wait for the commit to land
