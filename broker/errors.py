@@ -1,19 +1,79 @@
-"""Errors a processor raises, and the one table that turns any failure into a response code and remark.
+"""The broker's failures, and the one table that turns any of them into a remoting answer or a gRPC status.
 
-The dispatcher and held pulls answer every failure through ``error_answer``; the store raises only its own
-exception types (store/errors.py), which are mapped here.
+The messaging service (broker/messaging/) and the components under it raise ``BrokerError`` with a ``Failure`` —
+what went wrong in the broker's own terms — or, for failures the remoting protocol names by itself, a remoting
+response code. The store raises only its own exception types (store/errors.py), mapped here too. Each door asks
+this module how to answer:
+
+- remoting: ``error_answer(exc)`` → (response code, remark);
+- gRPC: ``grpc_code_name(exc)`` → the name of apache.rocketmq.v2's ``Code`` (the name, so this module needs no
+  protobuf: the grpc extra is optional), with the same remark.
+
+A protocol adapter never maps an error itself; a new failure is one row of ``Failure``.
 """
 from __future__ import annotations
+
+import enum
 
 from halfmq.protocol.codes import ResponseCode
 from halfmq.protocol.errors import ProtocolError
 from halfmq.store import errors as store_errors
 
+R = ResponseCode
+
+
+@enum.unique
+class Failure(enum.Enum):
+    """A refusal in the broker's terms: (remoting response code, gRPC Code name). The remoting codes are what a
+    RocketMQ 4.x broker answers for it, the gRPC ones what the reference proxy answers."""
+
+    TOPIC_NOT_FOUND = (R.TOPIC_NOT_EXIST, "TOPIC_NOT_FOUND")
+    ILLEGAL_TOPIC = (R.SYSTEM_ERROR, "ILLEGAL_TOPIC")
+    ILLEGAL_GROUP = (R.SYSTEM_ERROR, "ILLEGAL_CONSUMER_GROUP")
+    GROUP_NOT_FOUND = (R.SUBSCRIPTION_GROUP_NOT_EXIST, "CONSUMER_GROUP_NOT_FOUND")
+    FORBIDDEN = (R.NO_PERMISSION, "FORBIDDEN")
+    BODY_EMPTY = (R.MESSAGE_ILLEGAL, "MESSAGE_BODY_EMPTY")
+    BODY_TOO_LARGE = (R.MESSAGE_ILLEGAL, "MESSAGE_BODY_TOO_LARGE")
+    BAD_MESSAGE = (R.MESSAGE_ILLEGAL, "BAD_REQUEST")
+    TYPE_CONFLICT = (R.MESSAGE_ILLEGAL, "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE")
+    ILLEGAL_DELIVERY_TIME = (R.MESSAGE_ILLEGAL, "ILLEGAL_DELIVERY_TIME")
+    BUSY = (R.SYSTEM_BUSY, "TOO_MANY_REQUESTS")
+    BAD_REQUEST = (R.SYSTEM_ERROR, "BAD_REQUEST")
+    UNKNOWN_TRANSACTION = (R.SYSTEM_ERROR, "INVALID_TRANSACTION_ID")
+
+    def __init__(self, remoting: int, grpc: str):
+        self.remoting = remoting
+        self.grpc = grpc
+
+
+#: The gRPC Code of a failure known only by its remoting response code (the reference proxy's ResponseCode →
+#: Code table); a code not listed is INTERNAL_SERVER_ERROR.
+_GRPC_BY_REMOTING = {
+    R.SYSTEM_ERROR: "INTERNAL_SERVER_ERROR",
+    R.SYSTEM_BUSY: "TOO_MANY_REQUESTS",
+    R.REQUEST_CODE_NOT_SUPPORTED: "NOT_IMPLEMENTED",
+    R.MESSAGE_ILLEGAL: "BAD_REQUEST",
+    R.SERVICE_NOT_AVAILABLE: "INTERNAL_SERVER_ERROR",
+    R.NO_PERMISSION: "FORBIDDEN",
+    R.TOPIC_NOT_EXIST: "TOPIC_NOT_FOUND",
+    R.SUBSCRIPTION_GROUP_NOT_EXIST: "CONSUMER_GROUP_NOT_FOUND",
+    R.ILLEGAL_OPERATION: "BAD_REQUEST",
+    R.FLOW_CONTROL: "TOO_MANY_REQUESTS",
+}
+
 
 class BrokerError(Exception):
-    def __init__(self, code: int, remark: str):
+    """A refusal: ``BrokerError(Failure.X, remark)``, or ``BrokerError(response_code, remark)`` for one the
+    remoting protocol names itself. ``code`` is the remoting response code either way."""
+
+    def __init__(self, failure: Failure | int, remark: str):
         super().__init__(remark)
-        self.code = code
+        if isinstance(failure, Failure):
+            self.failure: Failure | None = failure
+            self.code = failure.remoting
+        else:
+            self.failure = None
+            self.code = failure
         self.remark = remark
 
 
@@ -21,24 +81,39 @@ def system_error(remark: str) -> BrokerError:
     return BrokerError(ResponseCode.SYSTEM_ERROR, remark)
 
 
-#: Store exception → response code, most specific first.
-_STORE_CODES: tuple[tuple[type, int], ...] = (
-    (store_errors.StoreFullError, ResponseCode.SERVICE_NOT_AVAILABLE),
-    (store_errors.StoreClosedError, ResponseCode.SERVICE_NOT_AVAILABLE),
-    (store_errors.StoreUnavailableError, ResponseCode.SERVICE_NOT_AVAILABLE),
-    (store_errors.InvalidWriteError, ResponseCode.MESSAGE_ILLEGAL),
-    (store_errors.HalfConflictError, ResponseCode.ILLEGAL_OPERATION),
-    (store_errors.StoreError, ResponseCode.SYSTEM_ERROR),  # corrupt record, unknown half, other store failures
+#: Store exception → failure, most specific first.
+_STORE_FAILURES: tuple[tuple[type, Failure | int], ...] = (
+    (store_errors.StoreFullError, R.SERVICE_NOT_AVAILABLE),
+    (store_errors.StoreClosedError, R.SERVICE_NOT_AVAILABLE),
+    (store_errors.StoreUnavailableError, R.SERVICE_NOT_AVAILABLE),
+    (store_errors.InvalidWriteError, Failure.BAD_MESSAGE),
+    (store_errors.HalfNotFoundError, Failure.UNKNOWN_TRANSACTION),
+    (store_errors.HalfMismatchError, Failure.UNKNOWN_TRANSACTION),
+    (store_errors.HalfConflictError, R.ILLEGAL_OPERATION),
+    (store_errors.StoreError, R.SYSTEM_ERROR),  # corrupt record, other store failures
 )
 
 
-def error_answer(exc: BaseException) -> tuple[int, str] | None:
-    """(response code, remark) for an expected failure; None for an unexpected one (a bug: log it)."""
+def as_broker_error(exc: BaseException) -> BrokerError | None:
+    """``exc`` as the BrokerError it answers as; None for an unexpected failure (a bug: log it)."""
     if isinstance(exc, BrokerError):
-        return exc.code, exc.remark
+        return exc
     if isinstance(exc, ProtocolError):
-        return exc.code, str(exc)
-    for kind, code in _STORE_CODES:
+        return BrokerError(exc.code, str(exc))
+    for kind, failure in _STORE_FAILURES:
         if isinstance(exc, kind):
-            return code, str(exc)
+            return BrokerError(failure, str(exc))
     return None
+
+
+def error_answer(exc: BaseException) -> tuple[int, str] | None:
+    """(remoting response code, remark) for an expected failure; None for an unexpected one (a bug: log it)."""
+    error = as_broker_error(exc)
+    return None if error is None else (error.code, error.remark)
+
+
+def grpc_code_name(error: BrokerError) -> str:
+    """The name of the gRPC Code answering ``error``."""
+    if error.failure is not None:
+        return error.failure.grpc
+    return _GRPC_BY_REMOTING.get(error.code, "INTERNAL_SERVER_ERROR")

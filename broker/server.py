@@ -29,6 +29,7 @@ from .processors.namesrv import NameServerProcessor
 from .processors.offsets import OffsetProcessor
 from .processors.pull import PullProcessor
 from .processors.send import SendProcessor
+from .messaging.producer import ProducerService
 from .services.offsets import ConsumerOffsetManager
 from .services.periodic import PeriodicTask
 from .services.check_back import CheckBackService
@@ -87,6 +88,7 @@ class Broker:
         self.namesrv_port = 0
         self.metrics_port = 0
         self.metrics_addr = ""
+        self.producer: ProducerService | None = None
         self.grpc = None  #: broker/grpc's GrpcEndpoint, when grpcListenPort >= 0 and the grpc extra is installed
         self.grpc_port = 0
         self.grpc_addr = ""
@@ -126,6 +128,7 @@ class Broker:
         ctx.transactions = TransactionStates(ctx)
         ctx.check_back = CheckBackService(ctx, ctx.transactions)
         ctx.retention = RetentionService(ctx)
+        self.producer = ProducerService(ctx)
 
         # Both listeners bound their connections as configured (memory, requests in progress, partial frames).
         self.dispatcher.limits = self.namesrv_dispatcher.limits = ConnectionLimits.from_config(cfg)
@@ -142,9 +145,9 @@ class Broker:
         ctx.store_host = ctx.broker_addr = f"{cfg.advertised_ip}:{self.port}"
         self.addr = format_address(server.sockets[0].getsockname())
 
-        for processor in (SendProcessor(ctx), PullProcessor(ctx), OffsetProcessor(ctx), ClientManageProcessor(ctx),
-                          AdminProcessor(ctx), EndTransactionProcessor(ctx), InspectProcessor(ctx),
-                          LifecycleProcessor(ctx)):
+        for processor in (SendProcessor(ctx, self.producer), PullProcessor(ctx), OffsetProcessor(ctx),
+                          ClientManageProcessor(ctx), AdminProcessor(ctx), EndTransactionProcessor(ctx),
+                          InspectProcessor(ctx), LifecycleProcessor(ctx)):
             processor.register(self.dispatcher)
         NameServerProcessor(ctx).register(self.dispatcher)
         NameServerProcessor(ctx).register(self.namesrv_dispatcher)
@@ -206,7 +209,7 @@ class Broker:
         if cfg.tlsEnable:
             with open(cfg.tlsServerCertPath, "rb") as cert, open(cfg.tlsServerKeyPath, "rb") as key:
                 tls = (cert.read(), key.read())
-        self.grpc = GrpcEndpoint(ctx, SendProcessor(ctx))
+        self.grpc = GrpcEndpoint(ctx, self.producer)
         try:
             self.grpc_port = await self.grpc.start(cfg.bindAddress, cfg.grpcListenPort, tls)
         except OSError as exc:

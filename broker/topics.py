@@ -24,7 +24,7 @@ from halfmq.protocol.codes import Perm, ResponseCode
 from halfmq.store.lifecycle import DeleteTopic
 from halfmq.store.ops import PutTopic
 
-from .errors import BrokerError
+from .errors import BrokerError, Failure
 from .names import DLQ_PREFIX, RETRY_PREFIX, validate_topic_name  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
@@ -89,13 +89,13 @@ def check_message_type(config: TopicConfig | None, props: dict[str, str]) -> Non
     MIXED topic takes every type, so 4.x clients keep working unchanged.
 
     Raises:
-        BrokerError: MESSAGE_ILLEGAL naming both types.
+        BrokerError: TYPE_CONFLICT naming both types.
     """
     if config is None or config.message_type in (None, "MIXED"):
         return
     actual = message_type(props)
     if actual != config.message_type:
-        raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, f"TopicMessageType validate failed, the expected type is "
+        raise BrokerError(Failure.TYPE_CONFLICT, f"TopicMessageType validate failed, the expected type is "
                           f"{config.message_type}, but actual type is {actual} (topic {config.name})")
 
 

@@ -21,13 +21,15 @@ import random
 import time
 
 from halfmq.protocol import properties as P
-from halfmq.protocol.codes import SysFlag
+from halfmq.protocol.errors import MessageFormatError
 from halfmq.protocol.message import MessageRecord, decode_record
 from halfmq.store import message_request
 from halfmq.store.receipts import (AckReceipts, ChangeInvisibility, DeadLetter, Receipt, ReceiptError, RenewReceipts,
                                    TakeReceipts, read_cursor, read_receipts)
 
 from ..context import now_ms
+from ..errors import BrokerError
+from ..messaging.dead_letter import consumer_copy
 from ..services.clients import parse_subscription
 from .auth import GROUP, SUB, TOPIC, Caller, require
 from .convert import to_message
@@ -44,7 +46,6 @@ AUTO_RENEW_MAX_MS = 3_600_000      #: renewed for at most this long after the re
 MAX_BATCH = 1024
 MAX_POLLING_MS = 60_000
 MAX_RESPONSE_BYTES = 4 << 20
-_TIMER_KEYS = (P.TIMER_DELIVER_MS, P.TIMER_DELAY_SEC, P.TIMER_DELAY_MS, P.START_DELIVER_TIME, P.TIMER_OUT_MS, P.DELAY)
 
 
 def receipt_handle(queue_id: int, queue_offset: int, version: int) -> str:
@@ -84,6 +85,7 @@ class ReceiveService:
         # versions grow across restarts too: a handle from before a restart never names a newer receipt
         self._versions = itertools.count(time.time_ns() // 1000)
         self.dead_lettered = 0
+        self.dead_letter_failures = 0  #: messages dropped at their last delivery because no DLQ copy could be made
         self._stopping = False
         #: receipts a push consumer asked to have renewed: item (as AckReceipts takes it) → (client id, until ms)
         self.renewing: dict[tuple[str, str, int, int, int], tuple[str, int]] = {}
@@ -284,21 +286,28 @@ class ReceiveService:
 
     async def _dead_letter(self, group: str, topic: str, queue_id: int, receipt: Receipt,
                            version: int | None = None) -> None:
-        """Move a message to the group's DLQ (its copy, and its receipt dropped, in one write)."""
+        """Move a message to the group's DLQ (its copy, and its receipt dropped, in one write). A message with no
+        copy to store (gone with retention, or one that cannot be copied: dead_letter.py) loses only its receipt,
+        so it never blocks its queue.
+
+        Raises:
+            ReceiptError: ``version`` is not the receipt's (acknowledged or handed out again meanwhile).
+        """
         dlq = await self.ctx.topics.ensure_dlq(group)
         raw = self.store.read_record(receipt.physical_offset)
         rec = decode_record(raw) if raw is not None else None
         request = None
         if rec is not None:
-            props = {k: v for k, v in rec.properties.items() if k not in _TIMER_KEYS}
-            props.setdefault(P.RETRY_TOPIC, topic)
-            props.setdefault(P.ORIGIN_MESSAGE_ID, props.get(P.UNIQ_KEY, ""))
-            copy = MessageRecord(topic=dlq.name, body=rec.body, queue_id=0, flag=rec.flag,
-                                 sys_flag=rec.sys_flag & ~SysFlag.TRANSACTION_MASK, born_timestamp=rec.born_timestamp,
-                                 born_host=rec.born_host, store_host=self.ctx.store_host,
-                                 reconsume_times=receipt.attempts, properties=props)
-            request = message_request(copy)
-        if request is None:  # the message is gone (retention): only the receipt goes
+            try:
+                copy = consumer_copy(rec, dlq.name, 0, topic, rec.properties.get(P.UNIQ_KEY, ""), receipt.attempts,
+                                     self.ctx.store_host)
+                request = message_request(copy)
+            except (BrokerError, MessageFormatError) as exc:
+                self.dead_letter_failures += 1
+                log.warning("message %s of %s/%d is dropped after %d deliveries to group %s: no copy of it can "
+                            "go to %s (%s)", rec.properties.get(P.UNIQ_KEY, ""), topic, queue_id, receipt.attempts,
+                            group, dlq.name, exc)
+        if request is None:
             await self.store.submit(AckReceipts([(group, topic, queue_id, receipt.queue_offset, receipt.version)]))
             return
         await self.store.submit(DeadLetter(group, topic, queue_id, receipt.queue_offset, version, request))

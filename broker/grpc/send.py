@@ -1,22 +1,18 @@
-"""SendMessage, EndTransaction and RecallMessage: through the remoting send path and TransactionStates.
+"""SendMessage, EndTransaction and RecallMessage: the gRPC adapter of the messaging service.
 
-A message is stored by the send processor's ``submit_message`` (delay levels, timer messages, the one write
-path) and a half by ``ctx.transactions.prepare``, as a remoting send is; a FIFO message's group picks its queue
-(``fifo_queue``), so a group's messages keep their order in one queue. Sends, halves and decisions of concurrent
-calls go through one GroupCommit, so they share write groups.
+A message is checked and stored by ProducerService (broker/messaging/producer.py), the rules a remoting send
+obeys; what is gRPC's own is decoding the Message (convert.py), the group a half is filed under (``%GRPC%``topic:
+5.x producers have no group) and a FIFO message's queue (``fifo_queue``: a group's messages keep their order in
+one queue). Sends, halves and decisions of concurrent calls go through one GroupCommit, so they share write
+groups.
 """
 from __future__ import annotations
 
-import random
 import zlib
 
 from halfmq.protocol import properties as P
-from halfmq.store import HalfMismatchError, HalfNotFoundError
 
-from ..errors import BrokerError
-from ..names import check_message
 from ..services.transaction import COMMIT, ROLLBACK
-from ..topics import SEND_FORBIDDEN, check_message_type
 from .auth import PUB, TOPIC, Caller, require
 from .convert import peer_host, to_record
 from .group_commit import GroupCommit
@@ -32,11 +28,11 @@ def fifo_queue(message_group: str, queues: int) -> int:
 
 
 class SendService:
-    def __init__(self, endpoint, send_processor):
+    def __init__(self, endpoint, producer):
         self.endpoint = endpoint
         self.ctx = endpoint.ctx
         self.sessions = endpoint.sessions
-        self.send_processor = send_processor
+        self.producer = producer
         self.writes = GroupCommit()
 
     async def send_message(self, request, caller: Caller, context):
@@ -67,52 +63,30 @@ class SendService:
         return response
 
     async def _send_one(self, msg, caller: Caller, session, born_host: str, entry) -> None:
-        ctx = self.ctx
+        producer = self.producer
         topic = checked_topic(msg.topic)
         require(caller, (TOPIC, topic, PUB))
-        if topic in SEND_FORBIDDEN:
-            raise GrpcError(Code["FORBIDDEN"], f"Sending message to topic[{topic}] is forbidden.")
-        if not msg.body:
-            raise GrpcError(Code["MESSAGE_BODY_EMPTY"], "the message body is empty")
-        if len(msg.body) > ctx.config.maxMessageSize:
-            raise GrpcError(Code["MESSAGE_BODY_TOO_LARGE"], f"the message body size {len(msg.body)} is larger "
-                                                            f"than maxMessageSize {ctx.config.maxMessageSize}")
-        rec = to_record(msg, born_host, ctx.store_host)
-        if len(rec.body) > ctx.config.maxMessageSize:  # a gzip body is bounded once decompressed too
-            raise GrpcError(Code["MESSAGE_BODY_TOO_LARGE"], f"the decompressed body size {len(rec.body)} is larger "
-                                                            f"than maxMessageSize {ctx.config.maxMessageSize}")
+        producer.check_topic(topic)
+        producer.check_body(len(msg.body))
+        rec = to_record(msg, born_host, self.ctx.store_host)
+        producer.check_body(len(rec.body), "decompressed body")
         props = rec.properties
         transactional = props.get(P.TRAN_MSG) == "true"
         group = transaction_group(topic) if transactional else None
-        check_message(topic, props, group)
-        config = await self.endpoint.route.topic_config(topic)
-        try:
-            check_message_type(config, props)
-        except BrokerError as exc:
-            raise GrpcError(Code["MESSAGE_PROPERTY_CONFLICT_WITH_TYPE"], exc.remark) from None
-        if not config.writable:
-            raise GrpcError(Code["FORBIDDEN"], f"the topic[{topic}] sending message is forbidden")
+        config = await producer.topic_for_send(topic)
+        producer.check_message(config, topic, props, group)
         message_group = props.get(P.SHARDING_KEY)
-        queues = config.write_queue_nums
-        rec.queue_id = fifo_queue(message_group, queues) if message_group else random.randrange(queues)
-        props[P.CLUSTER] = ctx.config.brokerClusterName
+        queue_id = producer.writable_queue(config, -1)
+        rec.queue_id = fifo_queue(message_group, config.write_queue_nums) if message_group else queue_id
+        producer.stamp(rec)
         size = len(rec.body)
         if transactional:
-            if ctx.config.rejectTransactionMessage:
-                raise GrpcError(Code["FORBIDDEN"], "the broker rejects transaction messages "
-                                                   "(rejectTransactionMessage=true)")
             self.sessions.publishes(session, (topic,))
-            result, state = await self.writes.store(lambda: ctx.transactions.prepare(rec, group, session))
+            result, state = await self.writes.store(lambda: producer.prepare_half(rec, group, session))
             entry.transaction_id = transaction_id(result.physical_offset, state.queue_offset)
         else:
-            try:
-                result = await self.writes.store(lambda: self.send_processor.submit_message(rec))
-            except BrokerError as exc:
-                if P.TIMER_DELIVER_MS in props:  # beyond timerMaxDelaySec, or not a time: the reference's code
-                    raise GrpcError(Code["ILLEGAL_DELIVERY_TIME"], exc.remark) from None
-                raise
-            if ctx.metrics is not None:
-                ctx.metrics.message_in(topic, size)
+            result = await self.writes.store(lambda: producer.submit_message(rec))
+            producer.stored(topic, size)
         entry.message_id = props.get(P.UNIQ_KEY, "")
         entry.offset = result.queue_offset
 
@@ -133,11 +107,8 @@ class SendService:
         self.sessions.get(caller.client_id)
         half_offset, queue_offset = place
         from_check = request.source == TransactionSource["SOURCE_SERVER_CHECK"]
-        try:
-            await self.writes.store(lambda: self.ctx.transactions.decide(
-                half_offset, transaction_group(topic), queue_offset, decision, from_check))
-        except (HalfNotFoundError, HalfMismatchError) as exc:
-            raise GrpcError(Code["INVALID_TRANSACTION_ID"], str(exc)) from None
+        await self.writes.store(lambda: self.ctx.transactions.decide(
+            half_offset, transaction_group(topic), queue_offset, decision, from_check))
         return pb.EndTransactionResponse(status=ok())
 
     async def recall_message(self, request, caller: Caller):

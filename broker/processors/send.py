@@ -10,23 +10,21 @@ import random
 from halfmq.protocol import properties as P
 from halfmq.protocol.codes import RequestCode, ResponseCode, SysFlag
 from halfmq.protocol.command import RemotingCommand
-from halfmq.protocol.errors import MessageFormatError
 from halfmq.protocol.headers import (ConsumerSendMsgBackRequestHeader, SendMessageRequestHeader,
                                      SendMessageRequestHeaderV2)
 from halfmq.protocol.message import MessageRecord, create_offset_msg_id, decode_batch, decode_record
 from halfmq.protocol.properties import decode_properties, encode_properties
 from halfmq.store import message_request
-from halfmq.store.completion import Completion
-from halfmq.store.ops import PutMessage, PutMessages
-from halfmq.store.timers import PutTimed
+from halfmq.store.ops import PutMessages
 
 from ..context import BrokerContext
 from ..dispatch import Deferred
-from ..errors import BrokerError
-from ..names import check_group, check_message
+from ..errors import BrokerError, Failure
+from ..messaging.dead_letter import consumer_copy
+from ..messaging.producer import ProducerService, delay_level
+from ..names import check_group
 from ..services.timers import TIMER_KEYS
-from ..topics import (DLQ_PREFIX, RETRY_PREFIX, SCHEDULE_TOPIC, SEND_FORBIDDEN, SYSTEM_TOPICS, check_message_type,
-                      validate_topic_name)
+from ..topics import DLQ_PREFIX, RETRY_PREFIX, SYSTEM_TOPICS
 
 DEFAULT_MAX_RECONSUME_TIMES = 16
 _V2 = SendMessageRequestHeaderV2
@@ -36,15 +34,14 @@ _V2 = SendMessageRequestHeaderV2
     "properties", "reconsumeTimes", "unitMode", "maxReconsumeTimes", "batch", "brokerName"))
 _BOOLS = {"true": True, "false": False}
 _EXTRA = {"MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
-_MAX_VALID_TOPICS = 10_000
 
 
 class SendProcessor:
-    def __init__(self, ctx: BrokerContext):
+    """The remoting adapter of ProducerService: decodes the send headers, calls the service, encodes answers."""
+
+    def __init__(self, ctx: BrokerContext, producer: ProducerService):
         self.ctx = ctx
-        self.max_body = ctx.config.maxMessageSize
-        self.cluster = ctx.config.brokerClusterName
-        self._valid_topics: set[str] = set()  # names already validated: the check is a regex per send
+        self.producer = producer
 
     def register(self, dispatcher) -> None:
         dispatcher.register(RequestCode.SEND_MESSAGE, self.send)
@@ -58,34 +55,14 @@ class SendProcessor:
             header = SendMessageRequestHeader.from_ext(cmd.ext_fields)
         else:
             header = decode_v2_header(cmd.ext_fields)
-        topic = header.topic
-        if topic not in self._valid_topics:
-            validate_topic_name(topic)
-            if len(self._valid_topics) >= _MAX_VALID_TOPICS:
-                self._valid_topics.clear()
-            self._valid_topics.add(topic)
-        if topic in SEND_FORBIDDEN:
-            raise BrokerError(ResponseCode.NO_PERMISSION, f"Sending message to topic[{topic}] is forbidden.")
+        self.producer.check_topic(header.topic)
         if cmd.code == RequestCode.SEND_BATCH_MESSAGE:
             return self._send_batch(channel, cmd, header)
-        if len(cmd.body) > self.max_body:
-            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
-                              f"the message body size {len(cmd.body)} is larger than maxMessageSize {self.max_body}")
+        self.producer.check_body(len(cmd.body))
         return self._send_one(channel, cmd, header)
 
-    def _queue_for(self, config, requested: int) -> int:
-        if not config.writable:
-            raise BrokerError(ResponseCode.NO_PERMISSION, f"the topic[{config.name}] sending message is forbidden")
-        if requested < 0:
-            return random.randrange(config.write_queue_nums)
-        if requested >= config.queue_nums:
-            raise BrokerError(ResponseCode.SYSTEM_ERROR, f"request queueId[{requested}] is illegal, topic "
-                                                         f"{config.name} has {config.queue_nums} queues")
-        return requested
-
-    async def _resolve_queue(self, header, topic: str) -> int:
-        config = await self.ctx.topics.ensure_for_send(topic, header.defaultTopic, header.defaultTopicQueueNums)
-        return self._queue_for(config, header.queueId)
+    async def _topic_config(self, header, topic: str):
+        return await self.producer.topic_for_send(topic, header.defaultTopic, header.defaultTopicQueueNums)
 
     def _send_one(self, channel, cmd: RemotingCommand, header):
         """The common case (known topic, not a retry) is answered by a Deferred on the store's future."""
@@ -93,13 +70,13 @@ class SendProcessor:
         if config is None or header.topic.startswith(RETRY_PREFIX):
             return self._send_one_slow(channel, cmd, header)
         props = decode_properties(header.properties or "")
-        check_message(header.topic, props, header.producerGroup)
-        return self._store_one(channel, cmd, header, header.topic, self._queue_for(config, header.queueId), props)
+        self.producer.check_message(config, header.topic, props, header.producerGroup)
+        return self._store_one(channel, cmd, header, header.topic, self.producer.writable_queue(config, header.queueId),
+                               props)
 
     async def _send_one_slow(self, channel, cmd: RemotingCommand, header) -> RemotingCommand:
         topic = header.topic
         props = decode_properties(header.properties or "")
-        check_message(topic, props, header.producerGroup)
         if topic.startswith(RETRY_PREFIX):
             max_times = header.maxReconsumeTimes
             if max_times is None or max_times < 0 or cmd.version < 121:
@@ -107,7 +84,11 @@ class SendProcessor:
             if (header.reconsumeTimes or 0) >= max_times:
                 topic = DLQ_PREFIX + topic[len(RETRY_PREFIX):]
                 props.pop(P.DELAY, None)
-        queue_id = await self._resolve_queue(header, topic)
+        config = await self._topic_config(header, topic)
+        # a retry turned into a DLQ copy is not held to the retry topic's type (the reference checks neither)
+        self.producer.check_message(config if topic == header.topic else None, header.topic, props,
+                                    header.producerGroup)
+        queue_id = self.producer.writable_queue(config, header.queueId)
         result = self._store_one(channel, cmd, header, topic, queue_id, props)
         if isinstance(result, Deferred):
             return result.finish(await result.future)
@@ -115,36 +96,24 @@ class SendProcessor:
 
     def _store_one(self, channel, cmd: RemotingCommand, header, topic: str, queue_id: int, props: dict):
         ctx = self.ctx
-        if topic == header.topic:  # not a DLQ topic a retry turned into (the reference checks neither)
-            check_message_type(ctx.topics.get(topic), props)
-        props.pop(P.WAIT, None)
-        props[P.CLUSTER] = self.cluster
         rec = MessageRecord(topic=topic, body=cmd.body, queue_id=queue_id, flag=header.flag,
                             sys_flag=header.sysFlag, born_timestamp=header.bornTimestamp,
                             born_host=born_host(channel), store_host=ctx.store_host,
                             reconsume_times=header.reconsumeTimes or 0, properties=props)
+        self.producer.stamp(rec)
         if props.get(P.TRAN_MSG) == "true":
-            self._check_transactional(props)
-            completion = ctx.transactions.prepare(rec, header.producerGroup, channel)
+            completion = self.producer.prepare_half(rec, header.producerGroup, channel)
             return Deferred(completion, lambda value: self._half_response(cmd, queue_id, value[0], value[1].uniq))
-        completion = self.submit_message(rec)
+        completion = self.producer.submit_message(rec)
         size = len(cmd.body)
 
         def finish(result) -> RemotingCommand:
-            if ctx.metrics is not None:
-                ctx.metrics.message_in(topic, size)
+            self.producer.stored(topic, size)
             return cmd.response(ResponseCode.SUCCESS, ext_fields={
                 "msgId": create_offset_msg_id(ctx.store_host, result.physical_offset),
                 "queueId": str(queue_id), "queueOffset": str(result.queue_offset), **_EXTRA})
 
         return Deferred(completion, finish)
-
-    def _check_transactional(self, props: dict[str, str]) -> None:
-        if self.ctx.config.rejectTransactionMessage:
-            raise BrokerError(ResponseCode.NO_PERMISSION,
-                              "the broker rejects transaction messages (rejectTransactionMessage=true)")
-        if _delay_level(props) > 0:
-            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "a transaction message cannot have a delay level")
 
     def _half_response(self, cmd: RemotingCommand, queue_id: int, result, transaction_id: str) -> RemotingCommand:
         ctx = self.ctx
@@ -152,40 +121,6 @@ class SendProcessor:
             "msgId": create_offset_msg_id(ctx.store_host, result.physical_offset),
             "queueId": str(queue_id), "queueOffset": str(result.queue_offset),
             "transactionId": transaction_id, **_EXTRA})
-
-    def submit_message(self, rec: MessageRecord) -> Completion:
-        """Store ``rec`` (see store_op); a timer message also tells the timer service when it is due."""
-        op = self.store_op(rec)
-        completion = self.ctx.store.submit(op)
-        if isinstance(op, PutTimed):
-            completion.add_done_callback(lambda c: self.ctx.timers.stored(op.due_ms) if c.exception() is None
-                                         else None)
-        return completion
-
-    def store_op(self, rec: MessageRecord) -> PutMessage | PutTimed:
-        """The write storing ``rec``: to the schedule topic when it has a delay level (reference §6.4), to the timer
-        topic when it has a delivery time ahead (RocketMQ 5's timer properties; a delay level wins over them, as in
-        the reference), else to its topic.
-
-        Raises:
-            BrokerError: MESSAGE_ILLEGAL for a malformed delivery time or one beyond timerMaxDelaySec.
-        """
-        props = rec.properties
-        level = _delay_level(props)
-        tx_type = rec.sys_flag & SysFlag.TRANSACTION_MASK
-        plain = tx_type in (SysFlag.TRANSACTION_NOT_TYPE, SysFlag.TRANSACTION_COMMIT_TYPE)
-        if level > 0 and plain:
-            level = min(level, self.ctx.schedule.max_level)
-            for key in TIMER_KEYS:
-                props.pop(key, None)
-            props[P.DELAY] = str(level)
-            props[P.REAL_TOPIC] = rec.topic
-            props[P.REAL_QID] = str(rec.queue_id)
-            rec.topic = SCHEDULE_TOPIC
-            rec.queue_id = level - 1
-        elif plain and (due := self.ctx.timers.deliver_at(props)) is not None:
-            return PutTimed(self.ctx.timers.timed_request(rec, due), due)
-        return PutMessage(message_request(rec, index=plain))
 
     async def _send_batch(self, channel, cmd: RemotingCommand, header) -> RemotingCommand:
         """A batch is bounded whole: its body by maxMessageSize (as the reference does), its messages by
@@ -197,50 +132,50 @@ class SendProcessor:
         step = 256  # messages prepared between two yields to the loop (~2 ms)
         topic = header.topic
         if topic.startswith(RETRY_PREFIX):
-            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "batch messages cannot be sent to a retry topic")
-        if len(cmd.body) > self.max_body:
-            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
-                              f"the batch body size {len(cmd.body)} is larger than maxMessageSize {self.max_body}")
+            raise BrokerError(Failure.BAD_MESSAGE, "batch messages cannot be sent to a retry topic")
+        producer = self.producer
+        producer.check_body(len(cmd.body), "batch body")
         items = decode_batch(cmd.body)
         if not items:
-            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "the batch is empty")
+            raise BrokerError(Failure.BAD_MESSAGE, "the batch is empty")
         if len(items) > max_count:
-            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
+            raise BrokerError(Failure.BAD_MESSAGE,
                               f"the batch holds {len(items)} messages, more than maxBatchMessageCount {max_count}")
         outer = decode_properties(header.properties or "")
         outer.pop(P.WAIT, None)
         transactional = outer.get(P.TRAN_MSG) == "true"
         if transactional:  # a batch half (halfmq's extension): one transaction for all of its messages
-            self._check_transactional(outer)
-            check_message(topic, outer, header.producerGroup)
+            producer.check_message(None, topic, outer, header.producerGroup)
         uniq = outer.pop(P.UNIQ_KEY, None)  # the batch's own: a batch half's transaction id, not its messages'
-        outer[P.CLUSTER] = self.cluster
+        outer[P.CLUSTER] = producer.cluster
         # Every message stores the batch's properties it inherits: bounded, so a small batch with one large batch
         # property cannot make the broker build and store thousands of copies of it (twice maxMessageSize leaves
         # any batch a client may send, with the usual few batch properties, far inside).
         inherited = len(encode_properties(outer).encode())
         stored = len(cmd.body) + len(items) * inherited
-        if stored > 2 * self.max_body:
-            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
+        if stored > 2 * producer.max_body:
+            raise BrokerError(Failure.BAD_MESSAGE,
                               f"the batch's {len(items)} messages would each inherit {inherited} bytes of batch "
-                              f"properties: {stored} bytes to store, more than twice maxMessageSize {self.max_body}")
+                              f"properties: {stored} bytes to store, more than twice maxMessageSize "
+                              f"{producer.max_body}")
         # Every message is checked whole (with the batch-level properties it inherits) before the topic is
         # resolved, so a refused batch creates nothing.
+        config = ctx.topics.get(topic)
         item_props = []
         for index, item in enumerate(items):
             if index and not index % step:
                 await asyncio.sleep(0)  # let other connections' requests run between slices
             props = decode_properties(item.properties)
-            if props.get(P.TRAN_MSG) == "true" or _delay_level(props) > 0 or any(k in props for k in TIMER_KEYS):
-                raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
+            if props.get(P.TRAN_MSG) == "true" or delay_level(props) > 0 or any(k in props for k in TIMER_KEYS):
+                raise BrokerError(Failure.BAD_MESSAGE,
                                   "transactional, delayed or timer messages cannot be sent in a batch")
+            producer.check_body(len(item.body), f"body of batch message {index}")
             props.pop(P.WAIT, None)
             for key, value in outer.items():  # batch-level properties never override a message's own
                 props.setdefault(key, value)
-            check_message(topic, props)
-            check_message_type(ctx.topics.get(topic), props)
+            producer.check_message(config, topic, props, header.producerGroup)
             item_props.append(props)
-        queue_id = await self._resolve_queue(header, topic)
+        queue_id = producer.writable_queue(await self._topic_config(header, topic), header.queueId)
         host = born_host(channel)
         sys_flag = header.sysFlag & ~SysFlag.TRANSACTION_MASK
         requests = []
@@ -256,11 +191,10 @@ class SendProcessor:
             half = MessageRecord(topic=topic, body=b"", queue_id=queue_id, sys_flag=header.sysFlag,
                                  born_timestamp=header.bornTimestamp, born_host=host, store_host=ctx.store_host,
                                  properties=outer)
-            result, state = await ctx.transactions.prepare(half, header.producerGroup, channel, requests)
+            result, state = await producer.prepare_half(half, header.producerGroup, channel, requests)
             return self._half_response(cmd, queue_id, result, state.uniq)
         results = await ctx.store.submit(PutMessages(requests))
-        if ctx.metrics is not None:
-            ctx.metrics.message_in(topic, sum(len(i.body) for i in items), len(items))
+        producer.stored(topic, sum(len(i.body) for i in items), len(items))
         return cmd.response(ResponseCode.SUCCESS, ext_fields={
             "msgId": ",".join(create_offset_msg_id(ctx.store_host, r.physical_offset) for r in results),
             "queueId": str(queue_id), "queueOffset": str(results[0].queue_offset), **_EXTRA})
@@ -276,28 +210,20 @@ class SendProcessor:
         rec = decode_record(raw)
         ctx.acl.check_record(channel, cmd, rec.topic)
         _check_consumable(rec, header.offset)
-        props = dict(rec.properties)
-        props.setdefault(P.RETRY_TOPIC, rec.topic)
         max_times = header.maxReconsumeTimes
         if max_times is None or max_times < 0 or cmd.version < 121:
             max_times = DEFAULT_MAX_RECONSUME_TIMES
         # The copy goes to the group's own topics: the group must exist or be allowed to (topics.py quotas).
         retry = await ctx.topics.ensure_group(header.group)
+        level = 0
         if rec.reconsume_times >= max_times or header.delayLevel < 0:
             target = await ctx.topics.ensure_dlq(header.group)
-            props.pop(P.DELAY, None)
         else:
             target = retry
             level = header.delayLevel or 3 + rec.reconsume_times
-            props[P.DELAY] = str(level)
-        props.setdefault(P.ORIGIN_MESSAGE_ID, header.originMsgId or rec.msg_id)
-        for key in (P.REAL_TOPIC, P.REAL_QID):
-            props.pop(key, None)
-        new = MessageRecord(topic=target.name, body=rec.body, queue_id=random.randrange(target.write_queue_nums),
-                            flag=rec.flag, sys_flag=rec.sys_flag & ~SysFlag.TRANSACTION_MASK,
-                            born_timestamp=rec.born_timestamp, born_host=rec.born_host, store_host=ctx.store_host,
-                            reconsume_times=rec.reconsume_times + 1, properties=props)
-        await self.submit_message(new)
+        new = consumer_copy(rec, target.name, random.randrange(target.write_queue_nums), rec.topic,
+                            header.originMsgId or rec.msg_id, rec.reconsume_times + 1, ctx.store_host, level)
+        await self.producer.submit_message(new)
         return cmd.response(ResponseCode.SUCCESS)
 
 
@@ -345,16 +271,6 @@ def _check_consumable(rec: MessageRecord, offset: int) -> None:
         raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
                           f"the record at offset {offset} is not a consumable message: only committed messages of a "
                           f"user topic can be sent back")
-
-
-def _delay_level(props: dict[str, str]) -> int:
-    text = props.get(P.DELAY)
-    if not text:
-        return 0
-    try:
-        return int(text)
-    except ValueError:
-        raise MessageFormatError(f"the DELAY property {text!r} is not an integer") from None
 
 
 def born_host(channel) -> str:

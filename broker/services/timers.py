@@ -13,13 +13,12 @@ import logging
 import time
 
 from halfmq.protocol import properties as P
-from halfmq.protocol.codes import ResponseCode
 from halfmq.protocol.message import MessageRecord, decode_record
 from halfmq.store import PutRequest, message_request
 from halfmq.store.errors import CorruptRecordError
 from halfmq.store.timers import DeliverTimed
 
-from ..errors import BrokerError
+from ..errors import BrokerError, Failure
 from ..topics import TIMER_TOPIC
 
 log = logging.getLogger(__name__)
@@ -50,7 +49,7 @@ class TimerService:
         already past).
 
         Raises:
-            BrokerError: MESSAGE_ILLEGAL for a value that is not an integer, or a time beyond timerMaxDelaySec.
+            BrokerError: ILLEGAL_DELIVERY_TIME for a value that is not an integer, or a time beyond timerMaxDelaySec.
         """
         now = now_ms()
         due = None
@@ -61,14 +60,14 @@ class TimerService:
             try:
                 value = int(text)
             except ValueError:
-                raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, f"the {key} property {text[:40]!r} is not an integer")
+                raise BrokerError(Failure.ILLEGAL_DELIVERY_TIME, f"the {key} property {text[:40]!r} is not an integer")
             due = value if key in (P.TIMER_DELIVER_MS, P.START_DELIVER_TIME) else \
                 now + value * (1000 if key == P.TIMER_DELAY_SEC else 1)
             break
         if due is None or due <= now:
             return None
         if due - now > self.max_delay_ms:
-            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
+            raise BrokerError(Failure.ILLEGAL_DELIVERY_TIME,
                               f"the timer message is due in {(due - now) // 1000} s, beyond timerMaxDelaySec "
                               f"{self.max_delay_ms // 1000}")
         return due
