@@ -29,6 +29,7 @@ from .processors.namesrv import NameServerProcessor
 from .processors.offsets import OffsetProcessor
 from .processors.pull import PullProcessor
 from .processors.send import SendProcessor
+from .messaging.consumer import ConsumerService
 from .messaging.producer import ProducerService
 from .services.offsets import ConsumerOffsetManager
 from .services.periodic import PeriodicTask
@@ -89,6 +90,7 @@ class Broker:
         self.metrics_port = 0
         self.metrics_addr = ""
         self.producer: ProducerService | None = None
+        self.consumer: ConsumerService | None = None
         self.grpc = None  #: broker/grpc's GrpcEndpoint, when grpcListenPort >= 0 and the grpc extra is installed
         self.grpc_port = 0
         self.grpc_addr = ""
@@ -129,6 +131,7 @@ class Broker:
         ctx.check_back = CheckBackService(ctx, ctx.transactions)
         ctx.retention = RetentionService(ctx)
         self.producer = ProducerService(ctx)
+        self.consumer = ConsumerService(ctx)
 
         # Both listeners bound their connections as configured (memory, requests in progress, partial frames).
         self.dispatcher.limits = self.namesrv_dispatcher.limits = ConnectionLimits.from_config(cfg)
@@ -145,7 +148,8 @@ class Broker:
         ctx.store_host = ctx.broker_addr = f"{cfg.advertised_ip}:{self.port}"
         self.addr = format_address(server.sockets[0].getsockname())
 
-        for processor in (SendProcessor(ctx, self.producer), PullProcessor(ctx), OffsetProcessor(ctx),
+        for processor in (SendProcessor(ctx, self.producer), PullProcessor(ctx, self.consumer),
+                          OffsetProcessor(ctx, self.consumer),
                           ClientManageProcessor(ctx), AdminProcessor(ctx), EndTransactionProcessor(ctx),
                           InspectProcessor(ctx), LifecycleProcessor(ctx)):
             processor.register(self.dispatcher)
@@ -209,7 +213,7 @@ class Broker:
         if cfg.tlsEnable:
             with open(cfg.tlsServerCertPath, "rb") as cert, open(cfg.tlsServerKeyPath, "rb") as key:
                 tls = (cert.read(), key.read())
-        self.grpc = GrpcEndpoint(ctx, self.producer)
+        self.grpc = GrpcEndpoint(ctx, self.producer, self.consumer)
         try:
             self.grpc_port = await self.grpc.start(cfg.bindAddress, cfg.grpcListenPort, tls)
         except OSError as exc:

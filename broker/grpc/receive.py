@@ -75,9 +75,10 @@ def _duration_ms(duration, what: str, low: int, high: int, code: str) -> int:
 
 
 class ReceiveService:
-    def __init__(self, endpoint):
+    def __init__(self, endpoint, consumer):
         self.endpoint = endpoint
         self.ctx = endpoint.ctx
+        self.consumer = consumer
         self.store = endpoint.ctx.store
         #: one receive at a time per (group, topic): takes then never race each other (the ops check anyway)
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
@@ -124,11 +125,7 @@ class ReceiveService:
         """The answers of one receive: each message, then the status (MESSAGE_NOT_FOUND when none came)."""
         group, topic = checked_group(request.group), checked_topic(request.message_queue.topic)
         require(caller, (GROUP, group, SUB), (TOPIC, topic, SUB))
-        config = self.ctx.topics.get(topic)
-        if config is None:
-            raise GrpcError(Code["TOPIC_NOT_FOUND"], f"topic {topic} does not exist")
-        if not config.readable:
-            raise GrpcError(Code["FORBIDDEN"], f"the topic[{topic}] reading message is forbidden")
+        config = self.consumer.readable_topic(topic)
         await self.ctx.topics.ensure_group(group)
         batch = request.batch_size
         if not 1 <= batch <= MAX_BATCH:
@@ -207,14 +204,6 @@ class ReceiveService:
                     next_visible = visible
         return taken, next_visible
 
-    def _initial_offset(self, group: str, topic: str, queue_id: int) -> int:
-        committed = self.ctx.offsets.get(group, topic, queue_id)
-        if committed is not None:
-            return committed
-        if self.store.min_offset(topic, queue_id) == 0:
-            return 0
-        return self.store.max_offset(topic, queue_id)
-
     async def _take(self, group, topic, queue_id, tag_codes, room, invisible_ms):
         store, cfg = self.store, self.ctx.config
         now = now_ms()
@@ -237,7 +226,12 @@ class ReceiveService:
         redelivered = [(r, rec) for r, rec in redelivered if rec is not None]
         grouped_out = any(r.grouped for r in receipts)
         cursor = read_cursor(store, group, topic, queue_id)
-        start = cursor if cursor is not None else self._initial_offset(group, topic, queue_id)
+        if cursor is not None:
+            start = cursor
+        else:  # a group's first receive from the queue
+            start = self.consumer.start_offset(group, topic, queue_id)
+            if start is None:
+                start = store.max_offset(topic, queue_id)
         start = max(start, store.min_offset(topic, queue_id))
         fresh: list[MessageRecord] = []
         new_cursor = start

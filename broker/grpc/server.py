@@ -35,14 +35,14 @@ async def _discard_metrics(request: bytes, context) -> bytes:
 
 
 class GrpcEndpoint:
-    def __init__(self, ctx, send_processor):
+    def __init__(self, ctx, producer, consumer):
         self.ctx = ctx
         self.port = 0
         self.addr = ""
         self.sessions = Sessions(ctx)
         self.route = RouteService(self)
-        self.send = SendService(self, send_processor)
-        self.receive = ReceiveService(self)
+        self.send = SendService(self, producer)
+        self.receive = ReceiveService(self, consumer)
         self._server: grpc.aio.Server | None = None
         self._renewal: PeriodicTask | None = None
         self.requests = 0

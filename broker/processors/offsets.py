@@ -10,6 +10,7 @@ from halfmq.protocol.headers import (QueryConsumerOffsetRequestHeader, QueueRequ
 
 from ..context import BrokerContext
 from ..errors import BrokerError
+from ..messaging.consumer import ConsumerService
 from ..names import check_group, check_topic
 
 log = logging.getLogger(__name__)
@@ -22,8 +23,9 @@ def _check_names(h) -> None:
 
 
 class OffsetProcessor:
-    def __init__(self, ctx: BrokerContext):
+    def __init__(self, ctx: BrokerContext, consumer: ConsumerService):
         self.ctx = ctx
+        self.consumer = consumer
 
     def register(self, dispatcher) -> None:
         dispatcher.register(RequestCode.QUERY_CONSUMER_OFFSET, self.query_consumer_offset)
@@ -36,13 +38,11 @@ class OffsetProcessor:
     def query_consumer_offset(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         h = QueryConsumerOffsetRequestHeader.from_ext(cmd.ext_fields)
         _check_names(h)
-        offset = self.ctx.offsets.get(h.consumerGroup, h.topic, h.queueId)
-        if offset is not None and offset >= 0:
+        # A 5.x remoting client can opt out of starting a new group at the queue's start (setZeroIfNotFound=false).
+        offset = self.consumer.start_offset(h.consumerGroup, h.topic, h.queueId,
+                                            from_queue_start=h.setZeroIfNotFound is not False)
+        if offset is not None:
             return cmd.response(ResponseCode.SUCCESS, ext_fields={"offset": str(offset)})
-        # The reference answers 0 while the queue's first message is still held (never truncated here), so a
-        # new group starts at the beginning; a 5.x client can opt out with setZeroIfNotFound=false.
-        if h.setZeroIfNotFound is not False and self.ctx.store.min_offset(h.topic, h.queueId) <= 0:
-            return cmd.response(ResponseCode.SUCCESS, ext_fields={"offset": "0"})
         raise BrokerError(ResponseCode.QUERY_NOT_FOUND,
                           "Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first")
 

@@ -14,6 +14,7 @@ from halfmq.protocol.headers import PullMessageRequestHeader
 from ..context import BrokerContext
 from ..dispatch import Deferred
 from ..errors import BrokerError
+from ..messaging.consumer import ConsumerService
 from ..names import check_group, check_topic
 from ..services.clients import parse_subscription
 from ..services.long_poll import HeldPull
@@ -24,8 +25,9 @@ MAX_SUSPEND_MS = 60_000
 
 
 class PullProcessor:
-    def __init__(self, ctx: BrokerContext):
+    def __init__(self, ctx: BrokerContext, consumer: ConsumerService):
         self.ctx = ctx
+        self.consumer = consumer
         self.max_count = ctx.config.maxTransferCountOnMessageInMemory
         self.max_bytes = ctx.config.maxTransferBytesOnMessageInMemory
         self.max_unread = ctx.config.serverMaxUnreadBytesPerConnection
@@ -62,15 +64,8 @@ class PullProcessor:
                 first: bool) -> RemotingCommand | None:
         ctx = self.ctx
         topic, queue_id, offset = header.topic, header.queueId, header.queueOffset
-        config = ctx.topics.get(topic)
-        if config is None:
-            raise BrokerError(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!")
-        if not config.readable:
-            raise BrokerError(ResponseCode.NO_PERMISSION, f"the topic[{topic}] pulling message is forbidden")
-        if queue_id < 0 or queue_id >= config.read_queue_nums:
-            raise BrokerError(ResponseCode.SYSTEM_ERROR,
-                              f"queueId[{queue_id}] is illegal, topic:[{topic}] readQueueNums:"
-                              f"[{config.read_queue_nums}] consumer:[{channel.remote}]")
+        config = self.consumer.readable_topic(topic)
+        self.consumer.check_queue(config, queue_id)
         tag_codes = self._filter(header)
         if first and header.sysFlag & PullSysFlag.COMMIT_OFFSET:
             ctx.offsets.commit(header.consumerGroup, topic, queue_id, header.commitOffset)
