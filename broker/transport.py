@@ -15,6 +15,9 @@ bursts of 64 14.7k. Earlier, without the hold: slices of 32 gave 18.6-18.8k, 24 
 the answers of the previous burst waited for the decoding of the next, and client and broker took turns instead of
 working at once.
 
+When a connection closes, the frames it had sent in full are still carried out (their answers go nowhere): a
+producer's oneway decision or a consumer's oneway offset written right before the close is applied.
+
 Memory is bounded per connection and in total (issue 11; measured before: 3 connections that pipelined pulls and
 never read took the broker from 33 to 1,108 MiB, 40 connections trickling 16 MiB frames held 640 MiB):
 
@@ -195,6 +198,10 @@ class BrokerProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.connections.protocols.discard(self)
+        if self.channel is not None:
+            self.channel.closed = True  # the answers to what is dispatched now have nowhere to go
+            if self._backlog and not self._stopped:
+                self._dispatch_remaining()
         self._end_burst()
         self._backlog.clear()
         self._backlog_bytes = 0
@@ -205,7 +212,6 @@ class BrokerProtocol(asyncio.Protocol):
             self.budget.forget(self)
         self._charge()
         if self.channel is not None:
-            self.channel.closed = True
             self.dispatcher.channel_closed(self.channel)
 
     def data_received(self, data: bytes) -> None:
@@ -293,6 +299,23 @@ class BrokerProtocol(asyncio.Protocol):
             self._charge()
         if self._reading_paused:
             self._update_reading()
+
+    def _dispatch_remaining(self) -> None:
+        """Carry out every complete request read before the connection closed, whatever the in-flight limits: a
+        stock producer writes its transaction decision oneway right before it shuts down, and a consumer its
+        offsets (measured before: 30 of 30 decisions were lost when they came behind 8 heartbeats in one write).
+        What is carried out is bounded by what the connection was allowed to buffer (MAX_BACKLOG frames)."""
+        backlog = self._backlog
+        while backlog:
+            if not self._burst_left:
+                self._start_burst()
+            frame = backlog.popleft()
+            self._backlog_bytes -= len(frame.header) + len(frame.body) + _FRAME_OVERHEAD
+            self._burst_left -= 1
+            if not self._dispatch_frame(frame):
+                break
+            if not self._burst_left:
+                self._end_burst()
 
     def _start_burst(self) -> None:
         self._burst_left = min(len(self._backlog), BURST_FRAMES)
