@@ -24,7 +24,11 @@ def _die_with_parent() -> None:
 def main(argv: list[str]) -> int:
     path, map_size, max_map_size, sync_each, interval_ms, broker_pid, fd = argv
     _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the broker decides
+    # A stop signal to the whole process group (Ctrl-C, systemd's default stop, kill -- -PGID, timeout) reaches the
+    # writer too: it leaves stopping to its broker, which closes it after the last group (and it dies with the
+    # broker if the broker is killed).
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s halfmq writer: %(message)s")
     sock = socket.socket(fileno=int(fd))
     # The broker died before the death signal was armed: the writer was re-parented. (A broker that is PID 1 itself,
