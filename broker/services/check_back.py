@@ -23,14 +23,18 @@ import weakref
 from halfmq.protocol import properties as P
 from halfmq.protocol.codes import FLAG_ONEWAY, RequestCode
 from halfmq.protocol.command import RemotingCommand
+from halfmq.protocol.errors import MessageFormatError
 from halfmq.protocol.message import create_offset_msg_id, record_properties_text, rewrite_record
 from halfmq.protocol.properties import decode_properties, encode_properties
+from halfmq.store import HalfState
 
 from ..context import now_ms
-from halfmq.store import HalfState
+from ..log_limit import LimitedLog
 
 log = logging.getLogger(__name__)
 PASS_LIMIT = 2000
+#: a failing pass is retried after 1 s, then twice as long each time it fails again, at most this long
+MAX_PASS_BACKOFF_MS = 60_000
 _GONE = object()  # the channel a check went to is gone (closed): the check was not read either
 
 
@@ -58,6 +62,11 @@ class CheckBackService:
         self.checks_sent = 0
         self.checks_undeliverable = 0
         self.discarded = 0
+        #: halves discarded because no check could be made of them (an undecodable record, say)
+        self.poisoned = 0
+        self._failed_passes = 0
+        self._backoff_until = 0
+        self._limited = LimitedLog(log)
 
     def start(self) -> None:
         self.states.on_due.append(self.schedule_at)
@@ -83,7 +92,8 @@ class CheckBackService:
 
     # --- timing ---
     def schedule_at(self, due_ms: int) -> None:
-        """Make sure a pass runs no later than ``due_ms`` (broker clock)."""
+        """Make sure a pass runs no later than ``due_ms`` (broker clock), nor before a failed pass's back-off."""
+        due_ms = max(due_ms, self._backoff_until)
         if self._stopped or due_ms >= self._timer_at:
             return
         if self._timer is not None:
@@ -106,8 +116,17 @@ class CheckBackService:
             try:
                 await self.run_pass()
             except Exception:
-                log.exception("transaction check pass failed; retrying in 1 s")
-                self.schedule_at(now_ms() + 1000)
+                # Backs off, so a pass that keeps failing never loops (measured before: retried at once, 13,000
+                # tracebacks in 5 s, and no other half got a check).
+                self._failed_passes += 1
+                delay = min(1000 << min(self._failed_passes - 1, 16), MAX_PASS_BACKOFF_MS)
+                self._backoff_until = now_ms() + delay
+                self._limited.log(logging.ERROR, "pass", "transaction check pass failed (%d in a row); next in "
+                                  "%d ms", self._failed_passes, delay, exc_info=True)
+                self._again = False
+            else:
+                self._failed_passes = 0
+                self._backoff_until = 0
             if not self._again or self._stopped:
                 break
         head = self.store.next_due()
@@ -147,7 +166,15 @@ class CheckBackService:
                 to_discard.append(offset)
                 continue
             channel = self._select_channel(state, offset, unread_by)
-            if channel is not None and self._send_check(channel, offset, state, raw):
+            try:
+                sent = channel is not None and self._send_check(channel, offset, state, raw)
+            except Exception as exc:  # no check can be made of this half: it alone is discarded (resumable)
+                self.poisoned += 1
+                self._limited.log(logging.ERROR, "poison", "half message at %d of group %s is discarded: no "
+                                  "check can be made of it (%s: %s)", offset, state.group, type(exc).__name__, exc)
+                to_discard.append(offset)
+                continue
+            if sent:
                 attempts[offset] = checks + 1
                 self._last_check[offset] = (weakref.ref(channel), time.monotonic())
                 self.checks_sent += 1
@@ -221,9 +248,14 @@ class CheckBackService:
         # The body is the half record shown as a message of its real topic and queue (reference §3.3); a batch
         # half's without the messages it holds: a producer answers from the half's properties, and up to
         # maxMessageSize per check would take a producer's whole transactionCheckMaxUnreadBytes.
-        body = rewrite_record(raw, state.topic, state.queue_id,
-                              with_check_times(record_properties_text(raw), state.checks + 1),
-                              without_body=bool(state.batch))
+        text = record_properties_text(raw)
+        try:
+            body = rewrite_record(raw, state.topic, state.queue_id, with_check_times(text, state.checks + 1),
+                                  without_body=bool(state.batch))
+        except MessageFormatError:
+            # Properties within a few bytes of the record's limit: the check count does not fit, so the producer
+            # gets the half as it was sent (RocketMQ's producers do not need the count to answer).
+            body = rewrite_record(raw, state.topic, state.queue_id, text, without_body=bool(state.batch))
         uniq = state.uniq
         header = {"tranStateTableOffset": str(state.queue_offset), "commitLogOffset": str(offset),
                   "msgId": uniq, "transactionId": uniq,
