@@ -16,6 +16,9 @@ from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 from rocketmq.v5.util.signature import Signature
 
 from halfmq.broker.topics import HALF_TOPIC
+from halfmq.protocol.codes import RequestCode
+from halfmq.protocol.command import RemotingCommand
+from halfmq.protocol.message import MessageRecord, encode_record
 
 from .conftest import raw_call, wait_until
 from .test_produce_consume import message
@@ -296,6 +299,13 @@ def test_replies_a_client_does_not_read_are_bounded(grpc_broker_factory, streams
 
     wait_until(settled)
     assert queued() <= bound + 2 * reply_size
+
+    async def check_to_deaf_stream() -> bool:
+        check = RemotingCommand(RequestCode.CHECK_TRANSACTION_STATE, body=bytes(encode_record(MessageRecord("Pay"))),
+                                ext_fields={"commitLogOffset": "0", "tranStateTableOffset": "0"})
+        return broker.broker.grpc.sessions.by_client["deaf@1"].send_request(check)
+
+    assert broker.call(check_to_deaf_stream()) is False  # not queued: the scheduler sends it again later
     stream.start_reading()  # the broker reads the stream again as its replies are taken: nothing is lost
     versions = [stream.next().settings.user_agent.version for _ in range(200)]
     assert versions == [str(index) for index in range(200)]
