@@ -47,15 +47,13 @@ async def app(broker_factory, tmp_path):
 
 
 class Unsigned:
-    """A raw connection with ACL off, with Signed's request shape."""
+    """A raw connection with ACL off, with Signed's ``request``."""
 
     def __init__(self, raw: RawClient):
         self.raw = raw
 
     async def request(self, code: int, ext: dict | None = None, body: bytes = b""):
         return await self.raw.request(code, {k: str(v) for k, v in (ext or {}).items()}, body)
-
-    heartbeat = Signed.heartbeat
 
 
 @pytest.fixture
