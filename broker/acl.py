@@ -18,7 +18,16 @@ It follows RocketMQ 4.x plain ACL and is stricter where that leaks:
   bodies), its consumer groups SUB, their subscriptions SUB on the topics; a heartbeat with one refused group
   is refused whole, so nothing of it is registered;
 - LOCK/UNLOCK_BATCH_MQ need SUB on the group and its topics; that the client id is the caller's own (the one its
-  heartbeat registered on the connection) is checked by the processor with or without ACL.
+  heartbeat registered on the connection) is checked by the processor with or without ACL;
+- a batch half (TRAN_MSG in the batch's properties) needs PUB on its producer group, as a single half does.
+
+Two rules hold with or without ACL, for every request that names a resource:
+
+- no group a request names (nor the group of a ``%RETRY%``/``%DLQ%`` topic it names) may be one of the gRPC
+  endpoint's internal groups (``%GRPC%<topic>``, names.check_remoting_group): their producers get gRPC halves'
+  checks, so a remoting client must never register as one, end their transactions, or consume as one;
+- a record of a system topic is read by admins only, and with ACL off by loopback clients only: ``check_read``,
+  the one rule both doors use (remoting through ``check_record``, gRPC through broker/grpc/auth.require).
 """
 from __future__ import annotations
 
@@ -54,6 +63,7 @@ from halfmq.protocol.headers import (
 from halfmq.protocol.properties import decode_properties
 
 from .errors import BrokerError
+from .names import GRPC_GROUP_PREFIX, check_remoting_group
 from .topics import DLQ_PREFIX, RETRY_PREFIX, SEND_FORBIDDEN
 
 DENY, ANY, PUB, SUB = 1, 2, 4, 8
@@ -192,7 +202,8 @@ _SEND_NOTE = (_RETRY_NOTE + "; a half message joins its group's transactions (ch
 RULES: dict[int, Rule] = {rule.code: rule for rule in (
     _from_header(C.SEND_MESSAGE, SendMessageRequestHeader, _SEND_NOTE, tx_group="producerGroup", topic=PUB),
     _from_header(C.SEND_MESSAGE_V2, SendMessageRequestHeaderV2, _SEND_NOTE, tx_group="producerGroup", topic=PUB),
-    _from_header(C.SEND_BATCH_MESSAGE, SendMessageRequestHeaderV2, _RETRY_NOTE + " (a batch holds no half message)",
+    _from_header(C.SEND_BATCH_MESSAGE, SendMessageRequestHeaderV2, _RETRY_NOTE + "; a batch half (halfmq's "
+                 "extension) joins its group's transactions as a half message does", tx_group="producerGroup",
                  topic=PUB),
     _from_header(C.PULL_MESSAGE, PullMessageRequestHeader, "", topic=SUB, consumerGroup=SUB),
     _from_header(C.QUERY_MESSAGE, QueryMessageRequestHeader, "only records of that topic are answered",
@@ -303,23 +314,41 @@ class AccessValidator:
         return self.accounts is not None
 
     def check(self, channel, cmd) -> None:
+        account = None
         if self.accounts is None:
             if cmd.code in ADMIN_REQUEST_CODES and not is_loopback(channel.remote):
                 raise BrokerError(ResponseCode.NO_PERMISSION,
                                   f"admin request {cmd.code} is only served to loopback clients when ACL is off")
-            return
-        account = self._account(cmd)
-        if cmd.code in ADMIN_REQUEST_CODES:
-            if not account.admin:
+        else:
+            account = self._account(cmd)
+            if cmd.code in ADMIN_REQUEST_CODES and not account.admin:
                 raise BrokerError(ResponseCode.NO_PERMISSION, f"request {cmd.code} needs an admin account")
-            return
-        if account.admin:
-            return
         rule = RULES.get(cmd.code)
         if rule is None:
             return
+        self._refuse_internal_groups(rule, cmd)
+        if account is None or account.admin:
+            return
         for kind, name, perm in self._resources(rule, cmd):
             self._require(account, kind, name, perm)
+
+    @staticmethod
+    def _refuse_internal_groups(rule: Rule, cmd) -> None:
+        """Every group the request names, whatever the permission asked of it (a send's producerGroup even when
+        the message is not a half), and every retry/DLQ topic's group."""
+        if rule.header is None:
+            if GRPC_GROUP_PREFIX.encode() not in (cmd.body or b""):  # the usual body names none: no parsing
+                return
+            named = ((kind, name, "a group of the body") for kind, name, _perm in _body_resources(rule.code, cmd))
+        else:
+            ext = cmd.ext_fields
+            named = ((need.kind, ext.get(need.header_key) or "", need.header_key) for need in rule.needs
+                     if need.header_key is not None)
+        for kind, name, where in named:
+            if GRPC_GROUP_PREFIX in name:
+                kind, group, _perm = owner(kind, name, SUB)
+                if kind == GROUP:
+                    check_remoting_group(group, where)
 
     def _account(self, cmd) -> Account:
         ext = cmd.ext_fields
@@ -360,18 +389,32 @@ class AccessValidator:
 
     def check_record(self, channel, cmd, topic: str) -> None:
         """May the sender of ``cmd`` (already authenticated by ``check``) read a record of ``topic``?
-
-        Records of system topics (halves, discarded halves, delayed copies) go to admins only; with ACL off, to
-        loopback clients only, like the admin codes.
+        ``check_read`` decides.
 
         Raises:
             BrokerError: NO_PERMISSION.
         """
-        if self.accounts is None:
-            if topic in SEND_FORBIDDEN and not is_loopback(channel.remote):
+        self.check_read(None if self.accounts is None else self._account(cmd), channel.remote, topic)
+
+    @staticmethod
+    def check_read(account: Account | None, remote: str, topic: str) -> None:
+        """May the caller read records of ``topic``? The one rule of both doors (remoting's ``check_record``, the
+        gRPC endpoint's reads through broker/grpc/auth.require).
+
+        Records of system topics (halves, discarded halves, delayed copies) go to admins only; with ACL off
+        (``account`` None), to loopback clients only, like the admin codes. Other topics need SUB.
+
+        Args:
+            account: the caller's account; None with ACL off.
+            remote: the caller's ``host:port``.
+            topic: the topic read.
+        Raises:
+            BrokerError: NO_PERMISSION.
+        """
+        if account is None:
+            if topic in SEND_FORBIDDEN and not is_loopback(remote):
                 raise BrokerError(ResponseCode.NO_PERMISSION,
                                   f"a record of system topic {topic} is only served to loopback clients")
             return
-        account = self._account(cmd)
         if not account.admin:
-            self._require(account, TOPIC, topic, SUB)
+            AccessValidator._require(account, TOPIC, topic, SUB)

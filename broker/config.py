@@ -156,6 +156,24 @@ class BrokerConfig:
     grpcMaxReceiptsPerQueue: int = _doc("received and not yet acknowledged messages one gRPC consumer group may "
                                         "hold per queue; a receive beyond it gets only redeliveries",
                                         default=2000, meta={"min": 1, "max": 100_000})
+    # --- gRPC sessions and telemetry, bounded as the remoting door bounds connections and their answers ---
+    grpcMaxClientIds: int = _doc("RocketMQ 5 client ids (x-mq-client-id: the broker's session of a client) known at "
+                                 "once; a call naming a new one beyond it is answered TOO_MANY_REQUESTS until "
+                                 "others terminate or expire (channelExpiredTimeout)", default=10_000,
+                                 meta={"min": 1})
+    grpcMaxClientIdsPerOwner: int = _doc("client ids one owner may have at once: an account with ACL on, a client "
+                                         "address with ACL off; beyond it, TOO_MANY_REQUESTS", default=1000,
+                                         meta={"min": 1})
+    grpcTelemetryMaxSettingsBytes: int = _doc("largest Settings message a client may send on its telemetry "
+                                              "stream, bytes; a larger one is answered PAYLOAD_TOO_LARGE and "
+                                              "kept nowhere", default=1 << 20, meta={"min": 4096, "max": 64 << 20})
+    grpcTelemetryMaxSettingsTopics: int = _doc("most topics one Settings message may name (a producer's topics, "
+                                               "a consumer's subscriptions); more are answered PAYLOAD_TOO_LARGE",
+                                               default=1000, meta={"min": 1, "max": 100_000})
+    grpcTelemetryMaxUnreadBytes: int = _doc(
+        "answers and commands queued on a telemetry stream and not yet taken by its reader, bytes: above this the "
+        "broker reads no more of the stream's commands, and queues no transaction check to it (the check is sent "
+        "again later, to it or another producer)", default=4 << 20, meta={"min": 64 << 10})
 
     @property
     def advertised_ip(self) -> str:

@@ -16,7 +16,15 @@ Why these limits (LMDB refuses a key longer than 511 bytes, and the offsets load
 - **message key** (each KEYS entry, UNIQ_KEY): at most 374 UTF-8 bytes. The key index stores
   ``topic NUL key NUL <8-byte offset>``; with the longest topic that leaves 511 - 127 - 2 - 8 = 374. One limit for
   every topic, because a message keeps its KEYS when it moves to a retry, DLQ or schedule topic.
-- **client id** (``ip@instanceName``, stored with each registration and each half message): at most 255 bytes.
+- **client id** (``ip@instanceName``, stored with each registration and each half message; a RocketMQ 5 client's
+  ``x-mq-client-id``, which keys its gRPC session): at most 255 bytes.
+- **internal groups**: a group starting with ``%GRPC%`` is the gRPC endpoint's transaction group of a topic
+  (``%GRPC%<topic>``, broker/grpc/sessions.py), whose producers get that topic's gRPC halves' checks with their
+  uncommitted bodies. A remoting request naming one is refused (``check_remoting_group``, called by the access
+  check every remoting request passes, broker/acl.py), so no remoting client can register as its producer, end
+  its transactions, or consume or send as it.
+- **a half's group**: a transactional message is filed under the producer group its request names (and was
+  authorised for); a PGROUP property naming another group is refused (``check_message``).
 - No name may hold a control character (NUL, RocketMQ's property separators \\x01 and \\x02, the rest of C0, DEL,
   C1) or a lone surrogate (it cannot be encoded into a key); a message key holds no whitespace (KEYS are split
   on it).
@@ -43,6 +51,8 @@ MAX_GROUP_LENGTH = MAX_TOPIC_LENGTH - len(RETRY_PREFIX)
 _KEY_INDEX_OVERHEAD = 1 + 1 + 8
 MAX_MESSAGE_KEY_BYTES = LMDB_MAX_KEY_BYTES - MAX_TOPIC_LENGTH - _KEY_INDEX_OVERHEAD
 MAX_CLIENT_ID_BYTES = 255
+#: the gRPC endpoint's transaction groups (broker/grpc/sessions.transaction_group): never a remoting client's
+GRPC_GROUP_PREFIX = "%GRPC%"
 
 PATTERN_TEXT = "^[%|a-zA-Z0-9_-]+$"
 _NAME = re.compile(r"[%|a-zA-Z0-9_-]+")
@@ -120,6 +130,19 @@ def check_group(value: object, field: str = "group", code: int = ResponseCode.SY
     return _check_name(value, field, "group", MAX_GROUP_LENGTH, code)
 
 
+def check_remoting_group(value: str, field: str = "group") -> str:
+    """A group a remoting request names must not be one of the gRPC endpoint's internal groups.
+
+    Raises:
+        BrokerError: NO_PERMISSION naming the field.
+    """
+    if value.startswith(GRPC_GROUP_PREFIX):
+        raise BrokerError(ResponseCode.NO_PERMISSION,
+                          f"{field} {_show(value)} is an internal group of the gRPC endpoint (prefix "
+                          f"{GRPC_GROUP_PREFIX}): remoting clients may not name it")
+    return value
+
+
 def check_client_id(value: object, field: str = "clientID", code: int = ResponseCode.SYSTEM_ERROR) -> str:
     """A client id or instance name: 1-255 UTF-8 bytes without control characters.
 
@@ -159,13 +182,15 @@ def _check_bytes(value: str, field: str, max_bytes: int, forbidden: re.Pattern, 
 
 def check_message(topic: str, properties: dict[str, str], producer_group: str | None = None) -> None:
     """The properties of a message to store that become keys: each KEYS entry and UNIQ_KEY (the key index), and
-    for a transactional message the group its half is filed under (PGROUP, else ``producer_group``).
+    for a transactional message the group its half is filed under (PGROUP, else ``producer_group``), which must be
+    ``producer_group`` when both are given: access control authorised the request's group, so a PGROUP naming
+    another would file the half, and send its checks, to a group the sender may not publish for.
 
     Args:
         topic: the topic the message is sent to (named in the remark; the topic itself is checked by
             ``validate_topic_name``).
         properties: the decoded message properties.
-        producer_group: the request header's producerGroup.
+        producer_group: the request header's producerGroup (None for a batch's messages, whose batch was checked).
     Raises:
         BrokerError: MESSAGE_ILLEGAL with a remark naming the property and the broken limit.
     """
@@ -181,5 +206,11 @@ def check_message(topic: str, properties: dict[str, str], producer_group: str | 
                                  and " " not in uniq):
         check_message_key(uniq, f"the UNIQ_KEY of a message to {where}")
     if properties.get(P.TRAN_MSG) == "true":
-        group = properties.get(P.PGROUP) or producer_group
+        named = properties.get(P.PGROUP)
+        if named and producer_group is not None and named != producer_group:
+            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
+                              f"the producer group (PGROUP) {_show(named)} of a transactional message to {where} is "
+                              f"not the request's producerGroup {_show(str(producer_group))}: a half is filed under "
+                              f"the group the request names")
+        group = named or producer_group
         check_group(group, "the producer group (PGROUP) of a transactional message", ResponseCode.MESSAGE_ILLEGAL)

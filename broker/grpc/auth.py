@@ -3,7 +3,11 @@
 Every call carries ``x-mq-client-id`` and, with credentials, ``authorization: MQv2-HMAC-SHA1 Credential=<access
 key>, SignedHeaders=x-mq-date-time, Signature=<hex HMAC-SHA1(secret key, x-mq-date-time)>``. The accounts and the
 permission rules are the remoting ones (broker/acl.py: plain_acl.yml, ``owner``'s retry/DLQ and system-topic
-rules); what each RPC needs is listed in one table, ``NEEDS`` in the modules that serve them.
+rules, ``check_read`` for every read of a topic, with ACL on or off).
+
+The client id obeys the remoting rule (names.check_client_id: 1-255 bytes, no control character) and is who the
+call's session is (sessions.py); it carries its owner (``ClientId.owner``): the account with ACL on, the client's
+address with ACL off. Every lookup of a session by it, in whichever module, is checked against the session's owner.
 """
 from __future__ import annotations
 
@@ -13,6 +17,8 @@ import re
 
 from ..acl import PUB, SUB, AccessValidator, Account
 from ..errors import BrokerError
+from ..names import check_client_id
+from .convert import peer_host
 from .schema import Code
 from .status import GrpcError
 
@@ -20,16 +26,31 @@ _AUTHORIZATION = re.compile(r"MQv2-HMAC-SHA1\s+Credential=([^,\s]+),\s*SignedHea
 TOPIC, GROUP = "topic", "group"
 
 
+class ClientId(str):
+    """A caller's client id with whom it was presented by: ``owner`` is ``account <access key>`` with ACL on and
+    ``address <host>`` with ACL off (all the broker knows of a client then; a client's connections to several
+    advertised endpoints all come from its host)."""
+
+    __slots__ = ("owner",)
+
+    def __new__(cls, text: str, owner: str):
+        self = super().__new__(cls, text)
+        self.owner = owner
+        return self
+
+
 class Caller:
-    """The metadata of one call: the client id and, with ACL on, its account."""
+    """The metadata of one call: the client id (with its owner), the peer's ``host:port`` and, with ACL on, its
+    account."""
 
-    __slots__ = ("client_id", "account", "namespace", "language")
+    __slots__ = ("client_id", "account", "namespace", "language", "remote")
 
-    def __init__(self, client_id: str, account: Account | None, namespace: str, language: str):
+    def __init__(self, client_id: ClientId, account: Account | None, namespace: str, language: str, remote: str):
         self.client_id = client_id
         self.account = account
         self.namespace = namespace
         self.language = language
+        self.remote = remote
 
 
 def metadata_of(context) -> dict[str, str]:
@@ -41,12 +62,18 @@ def authenticate(validator: AccessValidator, context) -> Caller:
     """The caller of ``context``'s call; with ACL on, its signature is checked.
 
     Raises:
-        GrpcError: CLIENT_ID_REQUIRED without x-mq-client-id; UNAUTHORIZED for a missing or wrong signature.
+        GrpcError: CLIENT_ID_REQUIRED without x-mq-client-id, BAD_REQUEST for one the remoting rule refuses;
+            UNAUTHORIZED for a missing or wrong signature.
     """
     meta = metadata_of(context)
     client_id = meta.get("x-mq-client-id", "")
     if not client_id:
         raise GrpcError(Code["CLIENT_ID_REQUIRED"], "the x-mq-client-id metadata is required")
+    try:
+        check_client_id(client_id, "x-mq-client-id")
+    except BrokerError as exc:
+        raise GrpcError(Code["BAD_REQUEST"], exc.remark) from None
+    remote = peer_host(context.peer() or "")
     account = None
     if validator.enabled:
         match = _AUTHORIZATION.fullmatch(meta.get("authorization", "").strip())
@@ -61,31 +88,37 @@ def authenticate(validator: AccessValidator, context) -> Caller:
         expected = hmac.new(account.secret_key.encode(), signed_text.encode(), hashlib.sha1).hexdigest()
         if not hmac.compare_digest(expected.lower(), signature.lower()):
             raise GrpcError(Code["UNAUTHORIZED"], "the signature does not match")
-    return Caller(client_id, account, meta.get("x-mq-namespace", ""), meta.get("x-mq-language", ""))
+    owner = f"account {account.access_key}" if account is not None else f"address {remote.rsplit(':', 1)[0]}"
+    return Caller(ClientId(client_id, owner), account, meta.get("x-mq-namespace", ""), meta.get("x-mq-language", ""),
+                  remote)
 
 
 def require(caller: Caller, *needs: tuple[str, str, int]) -> None:
-    """Each (kind, name, permission) must be granted to the caller's account (nothing to check with ACL off).
+    """Each (kind, name, permission) must be granted to the caller's account; SUB on a topic (reading it) is
+    decided by AccessValidator.check_read, the rule the remoting door uses too (with ACL off: system topics to
+    loopback callers only).
 
     Raises:
         GrpcError: FORBIDDEN naming the resource.
     """
     account = caller.account
-    if account is None or account.admin:
-        return
     for kind, name, perm in needs:
         try:
-            AccessValidator._require(account, kind, name, perm)
+            if kind == TOPIC and perm == SUB:
+                AccessValidator.check_read(account, caller.remote, name)
+            elif account is not None and not account.admin:
+                AccessValidator._require(account, kind, name, perm)
         except BrokerError as exc:
             raise GrpcError(Code["FORBIDDEN"], exc.remark) from None
 
 
-def require_any(caller: Caller, kind: str, name: str) -> None:
-    """PUB or SUB on the resource (a route is asked for by producers and consumers alike)."""
+def may_publish(caller: Caller, topic: str) -> bool:
+    """Is the caller allowed to publish to ``topic`` (and so to have it auto-created, as a remoting send may)?"""
     try:
-        require(caller, (kind, name, PUB))
+        require(caller, (TOPIC, topic, PUB))
     except GrpcError:
-        require(caller, (kind, name, SUB))
+        return False
+    return True
 
 
-__all__ = ["Caller", "authenticate", "require", "require_any", "PUB", "SUB", "TOPIC", "GROUP"]
+__all__ = ["Caller", "ClientId", "authenticate", "may_publish", "require", "PUB", "SUB", "TOPIC", "GROUP"]

@@ -1,4 +1,10 @@
-"""QueryRoute, Heartbeat, QueryAssignment, NotifyClientTermination and Telemetry (the settings exchange)."""
+"""QueryRoute, Heartbeat, QueryAssignment, NotifyClientTermination and Telemetry (the settings exchange).
+
+A route is asked for by producers and consumers alike; only a caller that may publish to the topic may have it
+auto-created by asking (as a remoting send may), others get TOPIC_NOT_FOUND for a missing topic. A Settings message
+is bounded (grpcTelemetryMaxSettingsBytes, grpcTelemetryMaxSettingsTopics) before anything of it is kept, and a
+stream's commands are read only while its reader takes the answers (sessions.py).
+"""
 from __future__ import annotations
 
 import asyncio
@@ -8,8 +14,8 @@ import logging
 from halfmq.protocol.codes import Perm
 
 from ..names import check_group, validate_topic_name
-from ..topics import DEFAULT_TOPIC
-from .auth import GROUP, PUB, SUB, TOPIC, Caller, authenticate, require, require_any
+from ..topics import DEFAULT_TOPIC, SEND_FORBIDDEN
+from .auth import GROUP, PUB, SUB, TOPIC, Caller, authenticate, may_publish, require
 from .schema import AddressScheme, ClientType, Code, MessageType, Permission, pb
 from .status import GrpcError, ok, status_for
 
@@ -97,8 +103,14 @@ class RouteService:
 
     async def query_route(self, request, caller: Caller):
         topic = checked_topic(request.topic)
-        require_any(caller, TOPIC, topic)
-        config = await self.topic_config(topic)
+        publisher = topic not in SEND_FORBIDDEN and may_publish(caller, topic)
+        if not publisher:
+            require(caller, (TOPIC, topic, SUB))
+        config = self.ctx.topics.get(topic)
+        if config is None:
+            if not publisher:  # only a sender may create a topic, as a remoting send would
+                raise GrpcError(Code["TOPIC_NOT_FOUND"], f"topic {topic} does not exist")
+            config = await self.topic_config(topic)
         response = pb.QueryRouteResponse(status=ok())
         for queue_id in range(config.queue_nums):
             response.message_queues.append(self.message_queue(config, queue_id, request.topic.resource_namespace))
@@ -129,7 +141,8 @@ class RouteService:
         return pb.HeartbeatResponse(status=ok())
 
     async def notify_client_termination(self, request, caller: Caller):
-        self.sessions.terminated(caller.client_id)
+        session = self.sessions.get(caller.client_id)  # the caller's own: FORBIDDEN for another's
+        self.sessions.terminated(session.client_id)
         return pb.NotifyClientTerminationResponse(status=ok())
 
     # --- Telemetry ---
@@ -137,10 +150,10 @@ class RouteService:
         """The client's settings in, the broker's settings (and later its commands) out, on one stream."""
         try:
             caller = authenticate(self.ctx.acl, context)
+            session = self.sessions.get(caller.client_id, context.peer(), caller.language)
         except GrpcError as exc:
             yield pb.TelemetryCommand(status=status_for(exc))
             return
-        session = self.sessions.get(caller.client_id, context.peer(), caller.language)
         outbox = session.attach()
         reader = asyncio.ensure_future(self._read_commands(request_iterator, caller, session, outbox))
         try:
@@ -150,7 +163,7 @@ class RouteService:
                     break
                 command, size = item
                 yield command
-                session.written(size)
+                session.written(outbox, size)
         finally:
             reader.cancel()
             if session.detach(outbox):
@@ -165,7 +178,8 @@ class RouteService:
                         reply = await self.settings(command.settings, caller, session)
                     except Exception as exc:  # answered on the stream; the stream goes on
                         reply = pb.TelemetryCommand(status=status_for(exc))
-                    outbox.put_nowait((reply, 0))
+                    session.queue(outbox, reply)
+                    await session.room(outbox)  # a client that does not take its answers is not read further
                 # thread stack traces and verify results answer commands halfmq never sends: nothing to do
         except asyncio.CancelledError:
             raise
@@ -176,6 +190,15 @@ class RouteService:
     async def settings(self, settings, caller: Caller, session):
         """The broker's answer to a client's settings: what it may send, or how it consumes."""
         cfg = self.ctx.config
+        size, most_bytes = settings.ByteSize(), cfg.grpcTelemetryMaxSettingsBytes
+        if size > most_bytes:
+            raise GrpcError(Code["PAYLOAD_TOO_LARGE"], f"the settings are {size} bytes, more than "
+                                                       f"grpcTelemetryMaxSettingsBytes {most_bytes}")
+        named, most_topics = len(settings.publishing.topics) + len(settings.subscription.subscriptions), \
+            cfg.grpcTelemetryMaxSettingsTopics
+        if named > most_topics:
+            raise GrpcError(Code["PAYLOAD_TOO_LARGE"], f"the settings name {named} topics, more than "
+                                                       f"grpcTelemetryMaxSettingsTopics {most_topics}")
         reply = pb.Settings()
         reply.CopyFrom(settings)
         reply.request_timeout.seconds = max(settings.request_timeout.seconds, 3)
@@ -192,7 +215,7 @@ class RouteService:
             backoff.initial.FromMilliseconds(10)
             backoff.max.FromMilliseconds(1000)
             backoff.multiplier = 2.0
-            self.sessions.publishes(session, topics)
+            self.sessions.declares(session, topics)
         elif settings.HasField("subscription"):
             sub = settings.subscription
             group = checked_group(sub.group)

@@ -49,6 +49,8 @@ def test_acl_on_grants_and_refuses_by_account(acl_broker, clients):
                                       {"Allowed": FilterExpression("*")}, await_duration=2))
     [msg] = receive_all(consumer, 1)
     consumer.ack(msg)
+    # a subscribe-only account creates no topic by asking its route: the topic exists, and the send is refused
+    acl_broker.call(acl_broker.broker.ctx.topics.ensure_for_send("ReadOnly", "TBW102", 0))
     assert isinstance(send_error(acl_broker, clients, "ReadOnly", "app", "app-secret"), ForbiddenException)
     assert route_code(acl_broker, "Allowed", "app", "not-the-secret") == Code.UNAUTHORIZED
     assert route_code(acl_broker, "Allowed", "", "") == Code.UNAUTHORIZED      # unsigned
