@@ -82,10 +82,8 @@ class ProducerService:
     def check_message(self, config: TopicConfig | None, topic: str, props: dict[str, str],
                       group: str | None = None) -> None:
         """A message's properties (``config``: its topic's, None for a copy to a DLQ topic, which takes any
-        type): its keys (they become store keys), its type against the topic's declared one,
-        and for a half the group it is filed under, which must be the group the caller was authorised for
-        (``group``): a PGROUP property naming another group would file the half under a group whose producers,
-        not the sender's, get its checks.
+        type): its keys and, for a half, the group it is filed under (names.check_message: the group the caller
+        was authorised for, ``group``), its type against the topic's declared one, the transactional rules.
 
         Raises:
             BrokerError: BAD_MESSAGE, TYPE_CONFLICT; FORBIDDEN for a half while rejectTransactionMessage is set.
@@ -97,11 +95,6 @@ class ProducerService:
             if self.ctx.config.rejectTransactionMessage:
                 raise BrokerError(Failure.FORBIDDEN,
                                   "the broker rejects transaction messages (rejectTransactionMessage=true)")
-            filed = props.get(P.PGROUP)
-            if filed is not None and filed != group:
-                raise BrokerError(Failure.BAD_MESSAGE, f"the PGROUP property {filed!r} is not the request's producer "
-                                                       f"group {group!r}: a half is filed under the group it is "
-                                                       f"sent by")
             if delay_level(props) > 0:
                 raise BrokerError(Failure.BAD_MESSAGE, "a transaction message cannot have a delay level")
 
