@@ -156,7 +156,6 @@ class ReceiveService:
         # versions grow across restarts too: a handle from before a restart never names a newer receipt
         self._versions = itertools.count(time.time_ns() // 1000)
         self.dead_lettered = 0
-        self.undeliverable = 0
         self._stopping = False
         #: receipts a push consumer asked to have renewed: item (as AckReceipts takes it) → (client id, until ms)
         self.renewing: dict[tuple[str, str, int, int, int], tuple[str, int]] = {}
@@ -317,7 +316,6 @@ class ReceiveService:
         """A message no gRPC consumer can be given goes to the group's DLQ now, alone: retrying cannot help."""
         group, topic = delivery.group, delivery.topic
         queue_id, queue_offset, version = parse_handle(handle)
-        self.undeliverable += 1
         if self.ctx.metrics is not None:
             self.ctx.metrics.grpc_undeliverable(topic)
         log.warning("message %s of %s/%d (offset %d) cannot be delivered to gRPC group %s: %s; it goes to the "
