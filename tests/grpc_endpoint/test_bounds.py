@@ -10,7 +10,7 @@ from contextlib import contextmanager
 
 import grpc
 import pytest
-from rocketmq import ClientConfiguration, Credentials, FilterExpression, Producer, SimpleConsumer
+from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
 from rocketmq.grpc_protocol import (AckMessageRequest, ChangeInvisibleDurationRequest, Code, DigestType, Encoding,
                                     ForwardMessageToDeadLetterQueueRequest, MessageType, ReceiveMessageRequest,
                                     SendMessageRequest)
@@ -24,7 +24,6 @@ from halfmq.store.ops import PutMessages
 from halfmq.store.receipts import read_receipts
 
 from .conftest import receive_all, wait_until
-from .test_produce_consume import message
 
 pytestmark = pytest.mark.grpc
 MiB = 1 << 20
@@ -319,7 +318,9 @@ def test_delivered_bodies_carry_an_md5_digest_the_official_client_verifies(grpc_
     producer = clients(Producer(grpc_broker.config(), ("Digested",)))
     bodies = [b"digest %d" % i for i in range(8)]
     for body in bodies:
-        producer.send(message("Digested", body))
+        msg = Message()
+        msg.topic, msg.body = "Digested", body
+        producer.send(msg)
     with stub(grpc_broker) as service:
         answers = list(service.ReceiveMessage(receive_request("RawReaders", "Digested"),
                                               metadata=metadata(grpc_broker), timeout=30))
