@@ -110,8 +110,11 @@ class GrpcEndpoint:
             return
         if delivery is None:
             await context.write(not_found())
-        else:
+            return
+        try:
             await self.receive.deliver(delivery, context.write)
+        except Exception as exc:  # the store failed while writing: the stream still ends with a Status
+            await context.write(pb.ReceiveMessageResponse(status=status_for(exc)))
 
     @staticmethod
     def _not_served(name: str, response_cls):
