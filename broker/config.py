@@ -156,6 +156,12 @@ class BrokerConfig:
     grpcMaxReceiptsPerQueue: int = _doc("received and not yet acknowledged messages one gRPC consumer group may "
                                         "hold per queue; a receive beyond it gets only redeliveries",
                                         default=2000, meta={"min": 1, "max": 100_000})
+    grpcRequestHeadroomBytes: int = _doc(
+        "how much larger than maxMessageSize a gRPC request may be (its envelope: topics, properties, ids; a batch "
+        "SendMessage's bodies together); a larger request is refused RESOURCE_EXHAUSTED from its length prefix, "
+        "before it is buffered", default=1 << 20, meta={"min": 64 << 10, "max": 64 << 20})
+    grpcMaxAckEntries: int = _doc("most entries in one AckMessage (a receive hands out at most 1024 messages); more "
+                                  "are refused BAD_REQUEST", default=1024, meta={"min": 1, "max": 100_000})
     # --- gRPC sessions and telemetry, bounded as the remoting door bounds connections and their answers ---
     grpcMaxClientIds: int = _doc("RocketMQ 5 client ids (x-mq-client-id: the broker's session of a client) known at "
                                  "once; a call naming a new one beyond it is answered TOO_MANY_REQUESTS until "

@@ -112,6 +112,13 @@ class BrokerMetrics:
                                   "Check answers for an already decided half message", registry=r)
         self.conflicts = Counter("halfmq_decision_conflicts", "Conflicting END_TRANSACTION decisions refused",
                                  ["producer_group"], registry=r)
+        self.grpc_receives_refused = Counter(
+            "halfmq_grpc_receives_refused", "gRPC receives answered TOO_MANY_REQUESTS because their connection's "
+            "answers were not being read (serverMaxUnreadBytesPerConnection)", registry=r)
+        self.grpc_undeliverable_messages = Counter(
+            "halfmq_grpc_undeliverable_messages", "Messages a gRPC receive could not turn into an answer (a "
+            "compressed body that does not inflate within maxMessageSize), moved to the group's DLQ", ["topic"],
+            registry=r)
         self.check_pass = Histogram("halfmq_check_pass_seconds", "Duration of one check-back scheduler pass",
                                     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5), registry=r)
         self.half_open: dict[str, int] = {}
@@ -141,6 +148,12 @@ class BrokerMetrics:
 
     def request_done(self, code: int, response_code: int, seconds: float) -> None:
         _observe(self.rpc_latency, (code, response_code), _MS_BUCKETS, seconds * 1000)
+
+    def grpc_receive_refused(self) -> None:
+        self.grpc_receives_refused.inc()
+
+    def grpc_undeliverable(self, topic: str) -> None:
+        self.grpc_undeliverable_messages.labels(self.topic_label(topic)).inc()
 
     def half_prepared(self, topic: str) -> None:
         topic = self.topic_label(topic)

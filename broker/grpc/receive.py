@@ -11,6 +11,19 @@ queue the same way).
 A group's first receive from a queue starts where its remoting consumers' committed offset is, else at the
 queue's start when the queue still holds everything, else at its end (the reference's pop initial offset);
 acknowledgements move that committed offset, so consumer progress and lag are shown for gRPC groups too.
+
+Bounds, per gRPC connection (its peer), shared with the remoting door where it has one:
+- a receive that finds nothing is held through the broker's LongPollService, so it counts against
+  longPollingMaxHeldPerConnection and longPollingMaxHeld as a held pull does; beyond them it answers
+  TOO_MANY_REQUESTS at once (measured before: one connection held 4,701 receives);
+- the messages its receives took and have not yet written are at most serverMaxUnreadBytesPerConnection (their
+  stored bytes, then their answers' bytes once built); beyond it a receive answers TOO_MANY_REQUESTS without
+  taking anything, and an answer is built (a compressed body inflated) only while the connection's built and
+  unwritten answers are under it. Answers are written one at a time, each awaiting grpc's flow control, so a
+  stream not read stops being fed (measured before: 48 unread streams on one connection cost 210 MiB).
+A message that cannot be turned into an answer (a remoting-compressed body that does not inflate within
+maxMessageSize) is moved to the group's DLQ on its own, with a log line and halfmq_grpc_undeliverable_messages;
+the rest of its receive is delivered.
 """
 from __future__ import annotations
 
@@ -31,8 +44,9 @@ from ..context import now_ms
 from ..errors import BrokerError
 from ..messaging.dead_letter import consumer_copy
 from ..services.clients import parse_subscription
+from ..services.long_poll import ANY_QUEUE, HeldPull
 from .auth import GROUP, SUB, TOPIC, Caller, require
-from .convert import to_message
+from .convert import BodyError, to_message
 from .route import checked_group, checked_topic
 from .schema import Code, FilterType, pb
 from .status import GrpcError, ok, status
@@ -46,6 +60,14 @@ AUTO_RENEW_MAX_MS = 3_600_000      #: renewed for at most this long after the re
 MAX_BATCH = 1024
 MAX_POLLING_MS = 60_000
 MAX_RESPONSE_BYTES = 4 << 20
+_MAX_QUEUE_ID = (1 << 31) - 1  #: MessageQueue.id is an int32
+_MAX_OFFSET = (1 << 63) - 1
+_MAX_VERSION = (1 << 64) - 1
+
+
+def not_found():
+    """The answer of a receive that hands out nothing."""
+    return pb.ReceiveMessageResponse(status=status(Code["MESSAGE_NOT_FOUND"], "no new message"))
 
 
 def receipt_handle(queue_id: int, queue_offset: int, version: int) -> str:
@@ -61,7 +83,10 @@ def parse_handle(text: str) -> tuple[int, int, int]:
     parts = text.split(":")
     try:
         if len(parts) == 3:
-            return int(parts[0], 16), int(parts[1], 16), int(parts[2], 16)
+            queue_id, queue_offset, version = int(parts[0], 16), int(parts[1], 16), int(parts[2], 16)
+            # the store's keys hold these ranges: a number beyond them failed the write group it was in
+            if 0 <= queue_id <= _MAX_QUEUE_ID and 0 <= queue_offset <= _MAX_OFFSET and 0 <= version <= _MAX_VERSION:
+                return queue_id, queue_offset, version
     except ValueError:
         pass
     raise GrpcError(Code["INVALID_RECEIPT_HANDLE"], f"{text[:80]!r} is not a receipt handle this broker gave")
@@ -74,6 +99,52 @@ def _duration_ms(duration, what: str, low: int, high: int, code: str) -> int:
     return ms
 
 
+class _Backlog:
+    """One connection's receives' messages not yet written: ``taken`` stored bytes of messages taken and not yet
+    built into answers, ``built`` bytes of answers built and not yet written; ``waiters`` wait for ``built`` to
+    go down."""
+
+    __slots__ = ("taken", "built", "waiters")
+
+    def __init__(self):
+        self.taken = 0
+        self.built = 0
+        self.waiters: list[asyncio.Future] = []
+
+    async def room_to_build(self, limit: int) -> None:
+        """Until the connection's built and unwritten answers are under ``limit``. An answer waiting here has
+        nothing built itself, so while every stream waits nothing is built and none waits: no deadlock."""
+        while self.built >= limit:
+            future = asyncio.get_running_loop().create_future()
+            self.waiters.append(future)
+            try:
+                await future
+            finally:
+                if future in self.waiters:
+                    self.waiters.remove(future)
+
+    def wake(self) -> None:
+        waiters, self.waiters = self.waiters, []
+        for future in waiters:
+            if not future.done():
+                future.set_result(None)
+
+    def idle(self) -> bool:
+        return self.taken == 0 and self.built == 0 and not self.waiters
+
+
+class Delivery:
+    """What one receive took, to be written: (record, handle, attempts, stored bytes) in order; each item is
+    dropped (None) once written or handled, so its record's memory goes with it."""
+
+    __slots__ = ("group", "topic", "namespace", "invisible_ms", "items", "peer", "backlog")
+
+    def __init__(self, group: str, topic: str, namespace: str, invisible_ms: int, items: list, peer: str,
+                 backlog: _Backlog):
+        self.group, self.topic, self.namespace, self.invisible_ms = group, topic, namespace, invisible_ms
+        self.items, self.peer, self.backlog = items, peer, backlog
+
+
 class ReceiveService:
     def __init__(self, endpoint, consumer):
         self.endpoint = endpoint
@@ -82,7 +153,8 @@ class ReceiveService:
         self.store = endpoint.ctx.store
         #: one receive at a time per (group, topic): takes then never race each other (the ops check anyway)
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
-        self._arrivals: dict[str, set[asyncio.Future]] = {}
+        #: per gRPC connection (peer): its receives' messages taken or answers built, not yet written
+        self._backlogs: dict[str, _Backlog] = {}
         # versions grow across restarts too: a handle from before a restart never names a newer receipt
         self._versions = itertools.count(time.time_ns() // 1000)
         self.dead_lettered = 0
@@ -91,38 +163,31 @@ class ReceiveService:
         #: receipts a push consumer asked to have renewed: item (as AckReceipts takes it) → (client id, until ms)
         self.renewing: dict[tuple[str, str, int, int, int], tuple[str, int]] = {}
 
-    # --- arrivals (long polling) ---
-    def on_arrival(self, topic: str, _queue_id: int, _max_offset: int) -> None:
-        waiters = self._arrivals.pop(topic, None)
-        for future in waiters or ():
-            if not future.done():
-                future.set_result(None)
-
     def release_all(self) -> None:
-        """Shutdown: waiting receives answer now (with what they have: nothing)."""
+        """Shutdown: held receives answer now (with what they have: nothing). The held remoting pulls are answered
+        too: the broker is stopping, and LongPollService holds both."""
         self._stopping = True
-        for waiters in self._arrivals.values():
-            for future in waiters:
-                if not future.done():
-                    future.set_result(None)
-        self._arrivals.clear()
+        self.ctx.long_poll.release_all()
 
-    async def _wait(self, topic: str, timeout_s: float) -> None:
-        future = asyncio.get_running_loop().create_future()
-        waiters = self._arrivals.setdefault(topic, set())
-        waiters.add(future)
-        try:
-            await asyncio.wait_for(future, max(0.0, timeout_s))
-        except asyncio.TimeoutError:
-            pass
-        finally:
-            waiters.discard(future)
-            if not waiters and self._arrivals.get(topic) is waiters:
-                del self._arrivals[topic]
+    def _backlog(self, peer: str) -> "_Backlog":
+        backlog = self._backlogs.get(peer)
+        if backlog is None:
+            backlog = self._backlogs[peer] = _Backlog()
+        return backlog
+
+    def _settle(self, peer: str, backlog: "_Backlog") -> None:
+        backlog.wake()
+        if backlog.idle() and self._backlogs.get(peer) is backlog:
+            del self._backlogs[peer]
 
     # --- ReceiveMessage ---
-    async def receive_message(self, request, caller: Caller):
-        """The answers of one receive: each message, then the status (MESSAGE_NOT_FOUND when none came)."""
+    async def receive_message(self, request, caller: Caller, peer: str) -> Delivery | None:
+        """Take the messages one receive answers (None: none came within its long polling time).
+
+        Raises:
+            GrpcError: a request refused (TOO_MANY_REQUESTS: the connection's answers are not being read).
+            BrokerError: SYSTEM_BUSY, the connection or the broker holds as many long polls as it may.
+        """
         group, topic = checked_group(request.group), checked_topic(request.message_queue.topic)
         require(caller, (GROUP, group, SUB), (TOPIC, topic, SUB))
         config = self.consumer.readable_topic(topic)
@@ -151,29 +216,118 @@ class ReceiveService:
         queues = queues[start:] + queues[:start]
         deadline = time.monotonic() + polling_ms / 1000
         while True:
-            taken, next_visible = await self._take_from(group, topic, queues, tag_codes, batch, invisible_ms)
-            if taken and renew:
-                until = now_ms() + AUTO_RENEW_MAX_MS
-                for _rec, handle, _attempts in taken:
-                    queue_id, queue_offset, version = parse_handle(handle)
-                    self.renewing[(group, topic, queue_id, queue_offset, version)] = (caller.client_id, until)
+            taken, next_visible, backlog = await self._take_for(peer, group, topic, queues, tag_codes, batch,
+                                                                invisible_ms)
             if taken:
-                if self.ctx.metrics is not None:  # the same series as remoting pulls
-                    size = sum(len(rec.body) for rec, _handle, _attempts in taken)
-                    self.ctx.metrics.message_out(topic, group, len(taken), size)
-                return [self._answer(rec, namespace=request.message_queue.topic.resource_namespace,
-                                     handle=handle, attempts=attempts, invisible_ms=invisible_ms)
-                        for rec, handle, attempts in taken]
+                if renew:
+                    until = now_ms() + AUTO_RENEW_MAX_MS
+                    for _rec, handle, _attempts, _size in taken:
+                        queue_id, queue_offset, version = parse_handle(handle)
+                        self.renewing[(group, topic, queue_id, queue_offset, version)] = (caller.client_id, until)
+                return Delivery(group, topic, request.message_queue.topic.resource_namespace, invisible_ms, taken,
+                                peer, backlog)
             left = deadline - time.monotonic()
             if left <= 0 or self._stopping:
-                return []
+                return None
             if next_visible is not None:
                 left = min(left, max(0.0, (next_visible - now_ms()) / 1000) + 0.01)
-            await self._wait(topic, left)
+            await self._hold(topic, peer, left)
 
-    @staticmethod
-    def _answer(rec: MessageRecord, namespace: str, handle: str, attempts: int, invisible_ms: int):
-        return pb.ReceiveMessageResponse(message=to_message(rec, namespace, handle, attempts, invisible_ms))
+    async def _hold(self, topic: str, peer: str, timeout_s: float) -> None:
+        """Wait for the topic to grow (or a message of it to become visible again) as a held long poll of the
+        connection ``peer``; a receive whose stream is cancelled leaves LongPollService at once."""
+        pull = HeldPull(topic, ANY_QUEUE, -1, ("grpc", peer))
+        woken = self.ctx.long_poll.hold(pull, max(0.0, timeout_s))
+        try:
+            await woken
+        finally:
+            self.ctx.long_poll.drop(pull)
+
+    async def _take_for(self, peer: str, group: str, topic: str, queues, tag_codes, batch: int, invisible_ms: int):
+        """Take for a receive of connection ``peer`` at most the room its backlog has (at least one message).
+
+        Raises:
+            GrpcError: TOO_MANY_REQUESTS, the connection's taken and built answers fill its backlog.
+        """
+        limit = self.ctx.config.serverMaxUnreadBytesPerConnection
+        backlog = self._backlog(peer)
+        unwritten = backlog.taken + backlog.built
+        if unwritten >= limit:
+            self._settle(peer, backlog)
+            if self.ctx.metrics is not None:
+                self.ctx.metrics.grpc_receive_refused()
+            raise GrpcError(Code["TOO_MANY_REQUESTS"], f"the connection's answers are not being read: {unwritten} "
+                                                       f"bytes not yet written (serverMaxUnreadBytesPerConnection="
+                                                       f"{limit})")
+        room = min(limit - unwritten, MAX_RESPONSE_BYTES)
+        backlog.taken += room  # reserved now: receives of the connection running at once share the room
+        taken: list = []
+        try:
+            taken, next_visible = await self._take_from(group, topic, queues, tag_codes, batch, room, invisible_ms)
+        finally:
+            backlog.taken -= room - sum(size for _rec, _handle, _attempts, size in taken)
+            if not taken:
+                self._settle(peer, backlog)
+        return taken, next_visible, backlog
+
+    async def deliver(self, delivery: Delivery, write) -> None:
+        """Write each message of ``delivery`` with ``write`` (grpc's ``context.write``: it returns once flow
+        control took the answer), then the delivery time and the status."""
+        cfg, backlog = self.ctx.config, delivery.backlog
+        items = delivery.items
+        delivered = delivered_bytes = 0
+        try:
+            for index, (rec, handle, attempts, size) in enumerate(items):
+                await backlog.room_to_build(cfg.serverMaxUnreadBytesPerConnection)
+                items[index] = None
+                backlog.taken -= size
+                try:
+                    message = to_message(rec, delivery.namespace, handle, attempts, delivery.invisible_ms,
+                                         max_body=cfg.maxMessageSize)
+                except BodyError as exc:
+                    await self._undeliverable(delivery, rec, handle, attempts, exc)
+                    continue
+                answer = pb.ReceiveMessageResponse(message=message)
+                built = answer.ByteSize()
+                backlog.built += built
+                try:
+                    await write(answer)
+                finally:
+                    backlog.built -= built
+                    backlog.wake()
+                delivered += 1
+                delivered_bytes += len(rec.body)
+        finally:
+            backlog.taken -= sum(item[3] for item in items if item is not None)
+            self._settle(delivery.peer, backlog)
+            if delivered and self.ctx.metrics is not None:  # the same series as remoting pulls
+                self.ctx.metrics.message_out(delivery.topic, delivery.group, delivered, delivered_bytes)
+        if delivered:
+            done = pb.ReceiveMessageResponse()
+            done.delivery_timestamp.GetCurrentTime()  # when the broker handed them out (client latency metric)
+            await write(done)
+            await write(pb.ReceiveMessageResponse(status=ok()))
+        else:
+            await write(not_found())
+
+    async def _undeliverable(self, delivery: Delivery, rec: MessageRecord, handle: str, attempts: int,
+                             exc: BodyError) -> None:
+        """A message no gRPC consumer can be given goes to the group's DLQ now, alone: retrying cannot help."""
+        group, topic = delivery.group, delivery.topic
+        queue_id, queue_offset, version = parse_handle(handle)
+        if self.ctx.metrics is not None:
+            self.ctx.metrics.grpc_undeliverable(topic)
+        log.warning("message %s of %s/%d (offset %d) cannot be delivered to gRPC group %s: %s; it goes to the "
+                    "group's DLQ", rec.properties.get(P.UNIQ_KEY, ""), topic, queue_id, queue_offset, group, exc)
+        self.renewing.pop((group, topic, queue_id, queue_offset, version), None)
+        receipt = Receipt(queue_offset, 0, attempts, rec.physical_offset, version, P.SHARDING_KEY in rec.properties)
+        try:
+            await self._dead_letter(group, topic, queue_id, receipt, version)
+        except ReceiptError as exc2:  # acknowledged or taken again meanwhile: that receiver has it now
+            log.info("message %s of %s/%d was not moved to the DLQ: %s", rec.properties.get(P.UNIQ_KEY, ""),
+                     topic, queue_id, exc2)
+            return
+        self._commit_progress(group, topic, queue_id)
 
     @staticmethod
     def _tag_codes(topic: str, expression):
@@ -181,30 +335,33 @@ class ReceiveService:
             raise GrpcError(Code["ILLEGAL_FILTER_EXPRESSION"], "SQL filter expressions are not supported")
         return parse_subscription(topic, expression.expression or "*").tag_codes
 
-    async def _take_from(self, group, topic, queues, tag_codes, batch, invisible_ms):
-        """Up to ``batch`` messages from ``queues`` in turn; and the earliest time a held one becomes visible."""
+    async def _take_from(self, group, topic, queues, tag_codes, batch, max_bytes, invisible_ms):
+        """Up to ``batch`` messages, and about ``max_bytes`` of them (at least one), from ``queues`` in turn, as
+        (record, handle, attempts, stored bytes); and the earliest time a held one becomes visible."""
         taken: list = []
         next_visible = None
+        room = max_bytes
         lock = self._locks.setdefault((group, topic), asyncio.Lock())
         async with lock:
             for queue_id in queues:
-                if len(taken) >= batch:
+                if len(taken) >= batch or room <= 0:
                     break
                 for _attempt in range(3):  # an ack or change racing the read makes the op refuse: read again
                     try:
                         got, visible = await self._take(group, topic, queue_id, tag_codes, batch - len(taken),
-                                                        invisible_ms)
+                                                        room, invisible_ms)
                         break
                     except ReceiptError:
                         continue
                 else:
                     got, visible = [], None
                 taken.extend(got)
+                room -= sum(size for _rec, _handle, _attempts, size in got)
                 if visible is not None and (next_visible is None or visible < next_visible):
                     next_visible = visible
         return taken, next_visible
 
-    async def _take(self, group, topic, queue_id, tag_codes, room, invisible_ms):
+    async def _take(self, group, topic, queue_id, tag_codes, room, max_bytes, invisible_ms):
         store, cfg = self.store, self.ctx.config
         now = now_ms()
         receipts = read_receipts(store, group, topic, queue_id)
@@ -215,15 +372,19 @@ class ReceiveService:
             due.remove(receipt)
         held = [r for r in receipts if r.visible_at > now]
         next_visible = min((r.visible_at for r in held), default=None)
-        again = due[:room]
-        raws = store.read_records([r.physical_offset for r in again]) if again else []
-        by_offset = {}
-        for raw in raws:
-            rec = decode_record(raw)
-            by_offset[rec.physical_offset] = rec
-        redelivered = [(r, by_offset.get(r.physical_offset)) for r in again]
-        dropped = [(r.queue_offset, r.version) for r, rec in redelivered if rec is None]
-        redelivered = [(r, rec) for r, rec in redelivered if rec is not None]
+        redelivered, dropped = [], []
+        sizes: dict[int, int] = {}  # queue offset → stored bytes
+        read_bytes = 0
+        for receipt in due[:room]:  # read one by one: the bytes bound the redeliveries as they bound new ones
+            if redelivered and read_bytes >= max_bytes:
+                break
+            raw = store.read_record(receipt.physical_offset)
+            if raw is None:
+                dropped.append((receipt.queue_offset, receipt.version))
+                continue
+            redelivered.append((receipt, decode_record(raw)))
+            sizes[receipt.queue_offset] = len(raw)
+            read_bytes += len(raw)
         grouped_out = any(r.grouped for r in receipts)
         cursor = read_cursor(store, group, topic, queue_id)
         if cursor is not None:
@@ -236,8 +397,10 @@ class ReceiveService:
         fresh: list[MessageRecord] = []
         new_cursor = start
         space = min(room - len(redelivered), cfg.grpcMaxReceiptsPerQueue - len(receipts))
+        if redelivered and read_bytes >= max_bytes:
+            space = 0
         if space > 0 and start < store.max_offset(topic, queue_id):
-            records, scanned_to = store.read_queue(topic, queue_id, start, space, tag_codes, MAX_RESPONSE_BYTES)
+            records, scanned_to = store.read_queue(topic, queue_id, start, space, tag_codes, max_bytes - read_bytes)
             new_cursor = scanned_to
             for raw in records:
                 rec = decode_record(raw)
@@ -245,6 +408,7 @@ class ReceiveService:
                     new_cursor = rec.queue_offset  # it waits until the grouped messages out now are acknowledged
                     break
                 fresh.append(rec)
+                sizes[rec.queue_offset] = len(raw)
         if not fresh and not redelivered and not dropped and new_cursor == start and cursor is not None:
             return [], next_visible
         version = next(self._versions)
@@ -260,7 +424,7 @@ class ReceiveService:
         for queue_offset, attempts, _physical in results:
             rec = records[queue_offset]
             rec.reconsume_times = attempts - 1
-            out.append((rec, receipt_handle(queue_id, queue_offset, version), attempts))
+            out.append((rec, receipt_handle(queue_id, queue_offset, version), attempts, sizes[queue_offset]))
         out.sort(key=lambda item: item[0].queue_offset)
         if out:
             visible = now + invisible_ms
@@ -335,6 +499,10 @@ class ReceiveService:
     async def ack_message(self, request, caller: Caller):
         group, topic = checked_group(request.group), checked_topic(request.topic)
         require(caller, (GROUP, group, SUB), (TOPIC, topic, SUB))
+        most = self.ctx.config.grpcMaxAckEntries
+        if len(request.entries) > most:  # one write holds them all: a huge one stalled every other client's write
+            raise GrpcError(Code["BAD_REQUEST"], f"the request holds {len(request.entries)} entries, more than "
+                                                 f"grpcMaxAckEntries {most}")
         response = pb.AckMessageResponse()
         items, slots = [], []
         for entry in request.entries:
@@ -349,8 +517,8 @@ class ReceiveService:
         errors = await self.store.submit(AckReceipts(items)) if items else []
         for item in items:
             self.renewing.pop(item, None)
-        if topic in self._arrivals and any(error is None for error in errors):
-            self.on_arrival(topic, 0, 0)  # an acknowledged FIFO message lets the next of its queue go: wake receives
+        if any(error is None for error in errors):
+            self.ctx.long_poll.wake_topic(topic)  # an acknowledged FIFO message lets the next of its queue go
         for result, error in zip(slots, errors, strict=True):
             result.status.CopyFrom(ok() if error is None else status(Code["INVALID_RECEIPT_HANDLE"], str(error)))
         for queue_id in sorted({item[2] for item in items}):
@@ -378,7 +546,7 @@ class ReceiveService:
         except ReceiptError as exc:
             raise GrpcError(Code["INVALID_RECEIPT_HANDLE"], str(exc)) from None
         if invisible_ms == 0:
-            self.on_arrival(topic, queue_id, 0)  # visible now: wake the receives waiting on the topic
+            self.ctx.long_poll.wake_topic(topic)  # visible now: wake the receives waiting on the topic
         return pb.ChangeInvisibleDurationResponse(status=ok(),
                                                   receipt_handle=receipt_handle(queue_id, queue_offset, new_version))
 
@@ -400,4 +568,4 @@ class ReceiveService:
         return pb.ForwardMessageToDeadLetterQueueResponse(status=ok())
 
 
-__all__ = ["ReceiveService", "receipt_handle", "parse_handle"]
+__all__ = ["Delivery", "ReceiveService", "not_found", "receipt_handle", "parse_handle"]

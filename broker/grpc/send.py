@@ -68,8 +68,8 @@ class SendService:
         require(caller, (TOPIC, topic, PUB))
         producer.check_topic(topic)
         producer.check_body(len(msg.body))
-        rec = to_record(msg, born_host, self.ctx.store_host)
-        producer.check_body(len(rec.body), "decompressed body")
+        rec = to_record(msg, born_host, self.ctx.store_host, producer.max_body)
+        producer.check_body(len(rec.body), "decompressed body")  # (a gzip body inflates no further than that)
         props = rec.properties
         transactional = props.get(P.TRAN_MSG) == "true"
         group = transaction_group(topic) if transactional else None

@@ -61,7 +61,7 @@ def parse_transaction_id(text: str) -> tuple[int, int] | None:
 
 
 class ClientSession:
-    def __init__(self, client_id: str, owner: str, remote: str, language: str, max_unread: int):
+    def __init__(self, client_id: str, owner: str, remote: str, language: str, max_unread: int, max_body: int):
         self.client_id = client_id
         self.owner = owner
         self.remote = peer_host(remote) if remote else ""  #: ip:port, as a remoting channel's (admin shows it)
@@ -69,6 +69,7 @@ class ClientSession:
         self.settings = None
         self.producer_topics: set[str] = set()
         self.max_unread = max_unread
+        self.max_body = max_body
         self._outbox: asyncio.Queue | None = None  # the live telemetry stream's, None without one
         self._unread = 0
         self._drained = asyncio.Event()  # set while the live stream's unread answers are within max_unread
@@ -112,7 +113,7 @@ class ClientSession:
         rec = decode_record(cmd.body)
         command = pb.TelemetryCommand()
         recover = command.recover_orphaned_transaction_command
-        recover.message.CopyFrom(to_message(rec))
+        recover.message.CopyFrom(to_message(rec, max_body=self.max_body))
         recover.transaction_id = transaction_id(int(ext["commitLogOffset"]), int(ext["tranStateTableOffset"]))
         self.queue(self._outbox, command)
         return True
@@ -207,7 +208,7 @@ class Sessions:
                                                        f"client ids already")
         plain = str(client_id)
         session = self.by_client[plain] = ClientSession(plain, owner, remote, language,
-                                                        cfg.grpcTelemetryMaxUnreadBytes)
+                                                        cfg.grpcTelemetryMaxUnreadBytes, cfg.maxMessageSize)
         self._per_owner[owner] = self._per_owner.get(owner, 0) + 1
         return session
 

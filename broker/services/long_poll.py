@@ -7,6 +7,10 @@ dropped when it closes. Each pull sits in its queue's insertion-ordered dict and
 out is O(1), and its timeout is a loop timer (the loop's heap: O(log n) to arm, O(1) to cancel). Measured before:
 one connection parked 100k pulls that outlived it, and their expiry scanned a list each (O(n²) in all), which kept
 another client's request unanswered for over 120 s.
+
+Both doors hold their long polls here: a remoting pull waits on its queue, a gRPC receive (broker/grpc/receive.py)
+on its whole topic (queue ANY_QUEUE, woken by any arrival of the topic); a gRPC connection's receives count as its
+held pulls, against the same two limits.
 """
 from __future__ import annotations
 
@@ -18,6 +22,8 @@ from halfmq.protocol.codes import ResponseCode
 from ..errors import BrokerError
 
 log = logging.getLogger(__name__)
+#: the queue id of a pull that waits for any queue of its topic (queue ids are never negative)
+ANY_QUEUE = -1
 
 
 class HeldPull:
@@ -98,16 +104,30 @@ class LongPollService:
         if self._remove(pull):
             self._wake(pull)
 
+    def drop(self, pull: HeldPull) -> None:
+        """Take ``pull`` out if it is still held (its request went away); O(1)."""
+        if self._remove(pull) and pull.timer is not None:
+            pull.timer.cancel()
+
     def on_arrival(self, topic: str, queue_id: int, max_offset: int) -> None:
         """Store hook: a queue grew to ``max_offset``."""
-        waiting = self.held.get((topic, queue_id))
+        self._wake_ready((topic, queue_id), max_offset)
+        self._wake_ready((topic, ANY_QUEUE), max_offset)
+
+    def wake_topic(self, topic: str) -> None:
+        """Wake the pulls waiting for any queue of ``topic`` (a message of it became receivable again)."""
+        self._wake_ready((topic, ANY_QUEUE), 0)
+
+    def _wake_ready(self, key: tuple[str, int], max_offset: int) -> None:
+        """Wake the pulls of ``key`` whose offset is below ``max_offset`` (all of a topic's: their offset is -1)."""
+        waiting = self.held.get(key)
         if not waiting:
             return
         ready = [p for p in waiting if p.offset < max_offset]
         if not ready:
             return
         if len(ready) == len(waiting):
-            del self.held[(topic, queue_id)]
+            del self.held[key]
         else:
             for pull in ready:
                 del waiting[pull]

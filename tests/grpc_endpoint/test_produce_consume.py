@@ -8,6 +8,7 @@ import pytest
 from rocketmq import FilterExpression, Message, Producer, SimpleConsumer
 from rocketmq.v5.exception import BadRequestException
 
+from halfmq.broker.services.long_poll import ANY_QUEUE
 from halfmq.client.admin import Admin
 from halfmq.protocol.message import decode_record
 
@@ -203,9 +204,9 @@ def test_acknowledging_a_fifo_message_wakes_a_waiting_receive_for_the_next(grpc_
     got = []
     thread = threading.Thread(target=lambda: got.extend(waiter.receive(1, 30)))
     thread.start()
-    arrivals = grpc_broker.broker.grpc.receive._arrivals
+    held = grpc_broker.broker.ctx.long_poll.held
     from .conftest import wait_until
-    wait_until(lambda: "FifoWake" in arrivals)  # the waiter's receive is held: w1 waits for w0's ack
+    wait_until(lambda: ("FifoWake", ANY_QUEUE) in held)  # the waiter's receive is held: w1 waits for w0's ack
     started = time.monotonic()
     holder.ack(first)
     thread.join(15)

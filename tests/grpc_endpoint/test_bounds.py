@@ -1,0 +1,368 @@
+"""The gRPC door's memory and time bounds, and its answers to malformed input (each reproduced against a real broker
+first: the figures in the docstrings were measured on the code before the fix)."""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import zlib
+from contextlib import contextmanager
+
+import grpc
+import pytest
+from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
+from rocketmq.grpc_protocol import (AckMessageRequest, ChangeInvisibleDurationRequest, Code, DigestType, Encoding,
+                                    ForwardMessageToDeadLetterQueueRequest, MessageType, ReceiveMessageRequest,
+                                    SendMessageRequest)
+from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
+from rocketmq.v5.util.signature import Signature
+
+from halfmq.protocol.codes import SysFlag
+from halfmq.protocol.message import MessageRecord
+from halfmq.store import message_request
+from halfmq.store.ops import PutMessages
+from halfmq.store.receipts import read_receipts
+
+from .conftest import receive_all, wait_until
+
+pytestmark = pytest.mark.grpc
+MiB = 1 << 20
+
+
+def metadata(broker, client_id: str = "bounds@1"):
+    return Signature.metadata(ClientConfiguration(broker.endpoint, Credentials("", "")), client_id)
+
+
+@contextmanager
+def stub(broker, own_connection: bool = False):
+    """A MessagingService stub; ``own_connection``: on a TCP connection of its own (grpc shares one between channels
+    to the same address otherwise)."""
+    options = [("grpc.max_send_message_length", 512 * MiB), ("grpc.max_receive_message_length", 512 * MiB)]
+    if own_connection:
+        options.append(("grpc.use_local_subchannel_pool", 1))
+    with grpc.insecure_channel(broker.endpoint, options=options) as channel:
+        yield MessagingServiceStub(channel)
+
+
+def send_request(topic: str, body: bytes, encoding=Encoding.IDENTITY, **system) -> SendMessageRequest:
+    request = SendMessageRequest()
+    msg = request.messages.add()
+    msg.topic.name, msg.body = topic, body
+    msg.system_properties.message_id = "01BOUNDS" + os.urandom(8).hex().upper()
+    msg.system_properties.body_encoding = encoding
+    msg.system_properties.message_type = system.pop("message_type", MessageType.NORMAL)
+    for name, seconds in system.items():  # born_timestamp=..., delivery_timestamp=... (seconds)
+        getattr(msg.system_properties, name).seconds = seconds
+    return request
+
+
+def receive_request(group: str, topic: str, batch: int = 32, invisible_s: int = 60,
+                    polling_s: int | None = None) -> ReceiveMessageRequest:
+    request = ReceiveMessageRequest()
+    request.group.name, request.message_queue.topic.name = group, topic
+    request.batch_size = batch
+    request.invisible_duration.seconds = invisible_s
+    if polling_s is not None:
+        request.long_polling_timeout.seconds = polling_s
+    request.filter_expression.expression = "*"
+    return request
+
+
+def codes(answers) -> list[int]:
+    return [a.status.code for a in answers if a.WhichOneof("content") == "status"]
+
+
+def messages(answers) -> list:
+    return [a.message for a in answers if a.WhichOneof("content") == "message"]
+
+
+def gzip_of_zeros(size: int) -> bytes:
+    """A gzip body inflating to ``size`` zero bytes, made without holding them."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    chunk = bytes(MiB)
+    return b"".join(packer.compress(chunk) for _ in range(size // MiB)) + packer.flush()
+
+
+def zlib_of_zeros(size: int) -> bytes:
+    packer = zlib.compressobj(9)
+    chunk = bytes(MiB)
+    return b"".join(packer.compress(chunk) for _ in range(size // MiB)) + packer.flush()
+
+
+class PeakMemory:
+    """This process's peak resident memory since the block began (the broker runs in this process, in a thread;
+    writing 5 to clear_refs resets the peak)."""
+
+    def __enter__(self):
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        self.start = self._kib("VmRSS")
+        return self
+
+    def __exit__(self, *exc):
+        self.growth = (self._kib("VmHWM") - self.start) * 1024
+
+    @staticmethod
+    def _kib(field: str) -> int:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+        raise AssertionError(f"no {field} in /proc/self/status")
+
+
+def counter(broker, sample: str, labels: dict | None = None) -> float:
+    return broker.broker.ctx.metrics.registry.get_sample_value(sample, labels) or 0
+
+
+def store_records(broker, topic: str, bodies: list[tuple[bytes, int]], queue_id: int = 0) -> None:
+    """Store (body, sys_flag) records as a remoting producer's send stores them."""
+    ctx = broker.broker.ctx
+    requests = [message_request(MessageRecord(topic=topic, body=body, queue_id=queue_id, sys_flag=sys_flag,
+                                              born_host="127.0.0.1:1", store_host=ctx.store_host,
+                                              properties={"UNIQ_KEY": f"01STORED{index:04d}"}))
+                for index, (body, sys_flag) in enumerate(bodies)]
+
+    async def put() -> None:
+        await ctx.store.submit(PutMessages(requests))
+
+    broker.call(put())
+
+
+# --- 1: the size of a request -----------------------------------------------------------------------------------
+
+def test_a_request_beyond_max_message_size_and_its_headroom_is_refused_resource_exhausted(grpc_broker_factory):
+    """Before: the server took requests up to 64 MiB whatever maxMessageSize (8 half-sent 40 MiB messages on one
+    connection cost the broker 258 MiB)."""
+    broker = grpc_broker_factory(maxMessageSize=MiB, grpcRequestHeadroomBytes=64 << 10)
+    with stub(broker) as service:
+        over_body = service.SendMessage(send_request("Sized", os.urandom(MiB + 1)), metadata=metadata(broker),
+                                        timeout=20)
+        assert over_body.status.code == Code.MESSAGE_BODY_TOO_LARGE  # within the headroom: answered by the broker
+        with pytest.raises(grpc.RpcError) as refused:
+            service.SendMessage(send_request("Sized", os.urandom(MiB + (64 << 10))), metadata=metadata(broker),
+                                timeout=20)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        fits = service.SendMessage(send_request("Sized", os.urandom(MiB)), metadata=metadata(broker), timeout=20)
+        assert fits.status.code == Code.OK
+
+
+# --- 2: answers not read ----------------------------------------------------------------------------------------
+
+def test_receives_whose_answers_are_not_read_stop_taking_messages(grpc_broker_factory):
+    """Before: every receive of a connection took its batch and built all its answers whether or not they were read
+    (48 unread ReceiveMessage streams on one connection: +210 MiB)."""
+    budget = 256 << 10
+    broker = grpc_broker_factory(serverMaxUnreadBytesPerConnection=budget)
+    body = os.urandom(64 << 10)
+    with stub(broker, own_connection=True) as service:
+        for _ in range(64):
+            assert service.SendMessage(send_request("Unread", body), metadata=metadata(broker),
+                                       timeout=20).status.code == Code.OK
+        refused = counter(broker, "halfmq_grpc_receives_refused_total")
+        calls = []
+        try:
+            for _ in range(16):  # none of them read: their answers stop at grpc's flow control
+                calls.append(service.ReceiveMessage(receive_request("Idle", "Unread"), metadata=metadata(broker),
+                                                    timeout=60))
+            wait_until(lambda: counter(broker, "halfmq_grpc_receives_refused_total") > refused)
+            taken = sum(len(read_receipts(broker.broker.ctx.store, "Idle", "Unread", queue_id)) for queue_id in
+                        range(8))
+            # the budget, one message beyond it, and what grpc's flow-control windows took off the streams
+            assert taken * len(body) <= budget + len(body) + 2 * MiB
+        finally:
+            answers = []
+            for call in calls:
+                answers.append(list(call))
+    assert Code.TOO_MANY_REQUESTS in [code for streamed in answers for code in codes(streamed)]
+    assert sum(len(messages(streamed)) for streamed in answers) < 64  # the refused ones took nothing
+    wait_until(lambda: not broker.broker.grpc.receive._backlogs)  # every stream gave its budget back
+
+
+# --- 3: entries of one AckMessage -------------------------------------------------------------------------------
+
+def test_an_ack_with_more_entries_than_grpc_max_ack_entries_is_refused_bad_request(grpc_broker):
+    """Before: one AckMessage with 300,000 entries was one write: another client's send waited 2.6 s, +331 MiB."""
+    most = grpc_broker.broker.ctx.config.grpcMaxAckEntries
+
+    def ack(entries: int):
+        request = AckMessageRequest()
+        request.group.name, request.topic.name = "Ackers", "Acked"
+        for index in range(entries):
+            request.entries.add(message_id=f"m{index}", receipt_handle=f"0:{index:x}:1")
+        with stub(grpc_broker) as service:
+            return service.AckMessage(request, metadata=metadata(grpc_broker), timeout=20)
+
+    refused = ack(most + 1)
+    assert refused.status.code == Code.BAD_REQUEST and "grpcMaxAckEntries" in refused.status.message
+    assert len(refused.entries) == 0
+    answered = ack(most)  # at the bound: each entry answered (none is held)
+    assert [e.status.code for e in answered.entries] == [Code.INVALID_RECEIPT_HANDLE] * most
+
+
+# --- 4: held receives -------------------------------------------------------------------------------------------
+
+def test_held_receives_count_against_the_long_poll_budget_of_the_connection_and_the_broker(grpc_broker_factory):
+    """Before: gRPC receives were held outside LongPollService, without a limit (4,701 on one connection)."""
+    broker = grpc_broker_factory(longPollingMaxHeldPerConnection=4, longPollingMaxHeld=6)
+    long_poll = broker.broker.ctx.long_poll
+    request = receive_request("Waiters", "Quiet", polling_s=30)
+    with stub(broker) as service:  # the topic, and its one message taken: the receives below find nothing
+        assert service.SendMessage(send_request("Quiet", b"first"), metadata=metadata(broker),
+                                   timeout=20).status.code == Code.OK
+        assert len(messages(service.ReceiveMessage(request, metadata=metadata(broker), timeout=20))) == 1
+    calls = []
+    with stub(broker, own_connection=True) as first, stub(broker, own_connection=True) as second:
+        try:
+            for _ in range(4):
+                calls.append(first.ReceiveMessage(request, metadata=metadata(broker), timeout=60))
+            wait_until(lambda: long_poll.count() == 4)
+            over_connection = list(first.ReceiveMessage(request, metadata=metadata(broker), timeout=10))
+            assert codes(over_connection) == [Code.TOO_MANY_REQUESTS]
+            for _ in range(2):
+                calls.append(second.ReceiveMessage(request, metadata=metadata(broker), timeout=60))
+            wait_until(lambda: long_poll.count() == 6)
+            over_broker = list(second.ReceiveMessage(request, metadata=metadata(broker), timeout=10))
+            assert codes(over_broker) == [Code.TOO_MANY_REQUESTS]
+            assert "longPollingMaxHeld" in over_broker[0].status.message
+        finally:
+            for call in calls:
+                call.cancel()
+    wait_until(lambda: long_poll.count() == 0 and not long_poll.held)  # a cancelled receive is no longer held
+
+
+def test_a_held_receive_is_woken_by_a_send(grpc_broker):
+    long_poll = grpc_broker.broker.ctx.long_poll
+    with stub(grpc_broker) as service:
+        assert service.SendMessage(send_request("Woken", b"first"), metadata=metadata(grpc_broker),
+                                   timeout=20).status.code == Code.OK
+        request = receive_request("Sleepers", "Woken", polling_s=30)
+        assert len(messages(service.ReceiveMessage(request, metadata=metadata(grpc_broker), timeout=20))) == 1
+        held = service.ReceiveMessage(request, metadata=metadata(grpc_broker), timeout=10)  # the send wakes it
+        wait_until(lambda: long_poll.count() == 1)
+        assert service.SendMessage(send_request("Woken", b"second"), metadata=metadata(grpc_broker),
+                                   timeout=20).status.code == Code.OK
+        answers = list(held)
+    assert [m.body for m in messages(answers)] == [b"second"] and codes(answers) == [Code.OK]
+
+
+# --- 5 and 6: inflating compressed bodies -----------------------------------------------------------------------
+
+def test_a_gzip_body_is_inflated_no_further_than_max_message_size(grpc_broker):
+    """Before: a 191 KiB gzip body was inflated to 381 MiB, and only then compared with maxMessageSize."""
+    body = gzip_of_zeros(256 * MiB)
+    with stub(grpc_broker) as service, PeakMemory() as peak:
+        answer = service.SendMessage(send_request("Gzipped", body, Encoding.GZIP), metadata=metadata(grpc_broker),
+                                     timeout=30)
+    assert answer.status.code == Code.MESSAGE_BODY_TOO_LARGE and "maxMessageSize" in answer.status.message
+    assert peak.growth < 64 * MiB
+    with stub(grpc_broker) as service:
+        corrupt = service.SendMessage(send_request("Gzipped", body[:1000], Encoding.GZIP),
+                                      metadata=metadata(grpc_broker), timeout=30)
+        fits = service.SendMessage(send_request("Gzipped", gzip_of_zeros(MiB), Encoding.GZIP),
+                                   metadata=metadata(grpc_broker), timeout=30)
+    assert corrupt.status.code == Code.MESSAGE_CORRUPTED and fits.status.code == Code.OK
+
+
+def test_a_stored_compressed_body_beyond_max_message_size_goes_to_the_dlq_without_being_inflated(
+        grpc_broker_factory, caplog):
+    """Before: a 191 KiB COMPRESSED message stored over remoting cost 573 MiB on each gRPC receive."""
+    broker = grpc_broker_factory(maxMessageSize=MiB)
+    with stub(broker) as service:
+        assert service.SendMessage(send_request("Packed", b"plain"), metadata=metadata(broker),
+                                   timeout=20).status.code == Code.OK
+    store_records(broker, "Packed", [(zlib_of_zeros(128 * MiB), SysFlag.COMPRESSED),
+                                     (zlib.compress(b"small" * 100), SysFlag.COMPRESSED)])
+    with stub(broker) as service, PeakMemory() as peak:
+        answers = list(service.ReceiveMessage(receive_request("Unpackers", "Packed"), metadata=metadata(broker),
+                                              timeout=30))
+    assert peak.growth < 64 * MiB
+    assert sorted(m.body for m in messages(answers)) == [b"plain", b"small" * 100] and codes(answers) == [Code.OK]
+    assert broker.broker.ctx.store.max_offset("%DLQ%Unpackers", 0) == 1
+    assert counter(broker, "halfmq_grpc_undeliverable_messages_total", {"topic": "Packed"}) == 1
+    assert "cannot be delivered to gRPC group Unpackers" in caplog.text
+
+
+# --- 7: one bad message in a batch ------------------------------------------------------------------------------
+
+def test_a_corrupt_compressed_message_goes_to_the_dlq_alone_and_its_neighbours_are_delivered(grpc_broker, caplog):
+    """Before: to_message raised for it, the whole receive failed, and all six (taken, never delivered) ended in
+    the DLQ."""
+    with stub(grpc_broker) as service:
+        assert service.SendMessage(send_request("Mixed", b"n0"), metadata=metadata(grpc_broker),
+                                   timeout=20).status.code == Code.OK
+    good = [(b"n%d" % i, 0) for i in (1, 2)] + [(zlib.compress(b"n3"), SysFlag.COMPRESSED)]
+    store_records(grpc_broker, "Mixed", good[:2] + [(b"\x78\x9cnot zlib at all", SysFlag.COMPRESSED)] + good[2:]
+                  + [(b"n4", 0)])
+    with caplog.at_level(logging.INFO), stub(grpc_broker) as service:
+        answers = list(service.ReceiveMessage(receive_request("Neighbours", "Mixed"),
+                                              metadata=metadata(grpc_broker), timeout=30))
+        for msg in messages(answers):
+            ack = AckMessageRequest()
+            ack.group.name, ack.topic.name = "Neighbours", "Mixed"
+            ack.entries.add(message_id=msg.system_properties.message_id,
+                            receipt_handle=msg.system_properties.receipt_handle)
+            assert service.AckMessage(ack, metadata=metadata(grpc_broker), timeout=20).status.code == Code.OK
+    assert sorted(m.body for m in messages(answers)) == [b"n0", b"n1", b"n2", b"n3", b"n4"]
+    assert codes(answers) == [Code.OK]
+    dlq = grpc_broker.broker.ctx.store
+    assert dlq.max_offset("%DLQ%Neighbours", 0) == 1
+    assert counter(grpc_broker, "halfmq_grpc_undeliverable_messages_total", {"topic": "Mixed"}) == 1
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+
+
+# --- 8: body digests --------------------------------------------------------------------------------------------
+
+def test_delivered_bodies_carry_an_md5_digest_the_official_client_verifies(grpc_broker, clients):
+    """Before: CRC32 in 8 padded hex digits, which other official 5.x clients read differently (corrupted)."""
+    producer = clients(Producer(grpc_broker.config(), ("Digested",)))
+    bodies = [b"digest %d" % i for i in range(8)]
+    for body in bodies:
+        msg = Message()
+        msg.topic, msg.body = "Digested", body
+        producer.send(msg)
+    with stub(grpc_broker) as service:
+        answers = list(service.ReceiveMessage(receive_request("RawReaders", "Digested"),
+                                              metadata=metadata(grpc_broker), timeout=30))
+    assert messages(answers)
+    for msg in messages(answers):
+        assert msg.system_properties.body_digest.type == DigestType.MD5
+        assert msg.system_properties.body_digest.checksum == hashlib.md5(msg.body).hexdigest().upper()
+    consumer = clients(SimpleConsumer(grpc_broker.config(), "Verifiers", {"Digested": FilterExpression("*")},
+                                      await_duration=2))
+    got = receive_all(consumer, len(bodies))
+    assert sorted(m.body for m in got) == bodies and not [m for m in got if m.corrupted]
+
+
+# --- 9: values protobuf or the store cannot hold ----------------------------------------------------------------
+
+def test_out_of_range_times_and_receipt_handles_are_answered_without_a_traceback(grpc_broker, caplog):
+    """Before: INTERNAL_SERVER_ERROR and a traceback per request; a handle beyond the store's key ranges also
+    failed the write group it was in."""
+    far = 10 ** 13  # seconds: beyond the year 9999 that protobuf's Timestamp allows
+    with stub(grpc_broker) as service:
+        def send(**system):
+            return service.SendMessage(send_request("Timed", b"t", **system), metadata=metadata(grpc_broker),
+                                       timeout=20).status
+
+        assert send().code == Code.OK
+        born = send(born_timestamp=far)
+        assert born.code == Code.BAD_REQUEST and "born timestamp" in born.message
+        assert send(born_timestamp=-far).code == Code.BAD_REQUEST
+        assert send(message_type=MessageType.DELAY, delivery_timestamp=far).code == Code.ILLEGAL_DELIVERY_TIME
+        for handle in ("-1:0:1", "ffffffffff:0:1", "0:-1:1", "0:0:-1", "0:10000000000000000:1"):
+            ack = AckMessageRequest()
+            ack.group.name, ack.topic.name = "Handlers", "Timed"
+            ack.entries.add(message_id="m", receipt_handle=handle)
+            assert service.AckMessage(ack, metadata=metadata(grpc_broker),
+                                      timeout=20).status.code == Code.INVALID_RECEIPT_HANDLE, handle
+            change = ChangeInvisibleDurationRequest(receipt_handle=handle)
+            change.group.name, change.topic.name = "Handlers", "Timed"
+            change.invisible_duration.seconds = 10
+            assert service.ChangeInvisibleDuration(change, metadata=metadata(grpc_broker),
+                                                   timeout=20).status.code == Code.INVALID_RECEIPT_HANDLE, handle
+            forward = ForwardMessageToDeadLetterQueueRequest(receipt_handle=handle)
+            forward.group.name, forward.topic.name = "Handlers", "Timed"
+            assert service.ForwardMessageToDeadLetterQueue(forward, metadata=metadata(grpc_broker),
+                                                           timeout=20).status.code == Code.INVALID_RECEIPT_HANDLE
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
