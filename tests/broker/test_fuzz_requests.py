@@ -27,7 +27,8 @@ that stream only) — are the neighbours. After each sequence the invariants are
 5. no identity ends or takes over another's session: the good gRPC client's telemetry stream stays open and
    carries only what was asked of it;
 6. every acknowledged send (either door) is readable, once, where its answer said;
-7. the broker never hit an unexpected error (a bug: logged by the dispatcher as such, or by grpc);
+7. the broker never hit an unexpected error (a bug: logged by the dispatcher as such, or by grpc, or answered
+   INTERNAL_SERVER_ERROR over gRPC);
 8. the process's RSS stays within ``RSS_GROWTH_MIB`` of where it started.
 
 Seeded: ``FUZZ_SEED`` (default: random) and ``FUZZ_SEQUENCES`` (default 2,000); ``FUZZ_DOORS`` (default
@@ -649,6 +650,10 @@ class GrpcDoor:
     def check_answer(self, identity, name, answer) -> None:
         if b"CLASSIFIED" in answer.SerializeToString():
             raise Violation(f"grpc {identity.name} received a Secret record in a {name} answer: "
+                            f"{str(answer)[:600]}")
+        statuses = [answer.status] + [entry.status for entry in getattr(answer, "entries", ())]
+        if any(s.code in (Code["INTERNAL_SERVER_ERROR"], Code["INTERNAL_ERROR"]) for s in statuses):
+            raise Violation(f"the broker failed a gRPC {name} of {identity.name} (an unexpected error): "
                             f"{str(answer)[:600]}")
         if identity.creds in NO_ACCOUNT and answer.HasField("status") and answer.status.code == Code["OK"]:
             raise Violation(f"grpc {identity.name} (no valid account) was served: {name} {str(answer)[:300]}")
