@@ -513,6 +513,9 @@ class GrpcDoor:
         self.streams: list = []  # (telemetry call, its reader task)
         self.methods_called: set[str] = set()
         self.good_events: list[str] = []
+        self.identities: list[GrpcIdentity] = []
+        self.good: GrpcIdentity | None = None
+        self.good_stream = self.good_reader = None  # set by setup (close() may follow a setup that failed)
 
     async def setup(self) -> None:
         self.identities = [GrpcIdentity("app", self.endpoint, APP), GrpcIdentity("anon", self.endpoint, None),
@@ -555,11 +558,14 @@ class GrpcDoor:
         for call, task in self.held + self.streams:
             call.cancel()
             task.cancel()
-        self.good_stream.cancel()
-        self.good_reader.cancel()
-        await asyncio.gather(*(task for _call, task in self.held + self.streams), self.good_reader,
-                             return_exceptions=True)
-        for identity in self.identities + [self.good]:
+        tasks = [task for _call, task in self.held + self.streams]
+        if self.good_stream is not None:
+            self.good_stream.cancel()
+        if self.good_reader is not None:
+            self.good_reader.cancel()
+            tasks.append(self.good_reader)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for identity in self.identities + ([self.good] if self.good else []):
             await identity.raw.close()
 
     @staticmethod
