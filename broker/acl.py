@@ -223,7 +223,8 @@ RULES: dict[int, Rule] = {rule.code: rule for rule in (
     _from_header(C.UNREGISTER_CLIENT, UnregisterClientRequestHeader, "", producerGroup=PUB, consumerGroup=SUB),
     _from_header(C.CONSUMER_SEND_MSG_BACK, ConsumerSendMsgBackRequestHeader,
                  "only committed records of a non-system topic are copied", record=SUB, group=SUB),
-    _from_header(C.END_TRANSACTION, EndTransactionRequestHeader, "", producerGroup=PUB),
+    _from_header(C.END_TRANSACTION, EndTransactionRequestHeader, "a commit writes into the half's topic",
+                 record=PUB, producerGroup=PUB),
     _from_header(C.GET_CONSUMER_LIST_BY_GROUP, GroupRequestHeader, "", consumerGroup=SUB),
     _from_body(C.LOCK_BATCH_MQ, "only for the caller's own clientId (its heartbeat's)",
                Need(GROUP, "body `consumerGroup`", SUB), Need(TOPIC, "body `mqSet[].topic`", SUB)),
@@ -395,6 +396,21 @@ class AccessValidator:
             BrokerError: NO_PERMISSION.
         """
         self.check_read(None if self.accounts is None else self._account(cmd), channel.remote, topic)
+
+    def check_decision(self, cmd, topic: str) -> None:
+        """May the sender of an END_TRANSACTION (already authenticated by ``check``) decide a half of ``topic``?
+        Its rule asks PUB on the producer group the request names; committing also writes into the half's topic,
+        so that needs PUB too (measured before: an account denied a topic, with the default group grant, committed
+        another account's half into it by naming its group and offsets).
+
+        Raises:
+            BrokerError: NO_PERMISSION.
+        """
+        if self.accounts is None:
+            return
+        account = self._account(cmd)
+        if not account.admin:
+            self._require(account, TOPIC, topic, PUB)
 
     @staticmethod
     def check_read(account: Account | None, remote: str, topic: str) -> None:

@@ -35,6 +35,9 @@ class EndTransactionProcessor:
             if cmd.is_oneway:  # stock producers send their decision oneway: leave a trace of the refusal
                 log.info("oneway END_TRANSACTION from %s refused: %s", channel.remote, exc.remark)
             raise
+        half = self.ctx.store.get_half(h.commitLogOffset)
+        if half is not None:  # (an unknown half is refused by decide, as it always was)
+            self.ctx.acl.check_decision(cmd, half.topic)
         if h.commitOrRollback not in (COMMIT, ROLLBACK, UNKNOWN):
             raise HeaderError(f"commitOrRollback {h.commitOrRollback} is not 0, 8 or 12")
         if h.commitOrRollback == UNKNOWN:

@@ -135,6 +135,11 @@ async def _request(rule, app: Signed, admin: Signed, deny: int | None):
         ext.update(key="K", maxNum=4, endTimestamp=2 ** 62)
     elif code in (RequestCode.VIEW_MESSAGE_BY_ID, RequestCode.CONSUMER_SEND_MSG_BACK):
         ext["offset"] = await admin.send(record_topic)  # a record of the topic the need names
+    elif code == RequestCode.END_TRANSACTION:  # a half of the topic the need names, of the group the header names
+        group = ext["producerGroup"]
+        ext["commitLogOffset"] = await admin.send(record_topic, props={P.TRAN_MSG: "true", P.PGROUP: group},
+                                                  sys_flag=SysFlag.TRANSACTION_PREPARED_TYPE, group=group)
+        ext["commitOrRollback"] = "8"
     return await app.request(code, ext)
 
 

@@ -133,3 +133,34 @@ async def test_a_batch_half_needs_pub_on_its_producer_group(app):
     answer = await client.request(RequestCode.SEND_BATCH_MESSAGE, ext, encode_batch(items))
     assert answer.code == ResponseCode.NO_PERMISSION, (answer.code, answer.remark)
     assert [state.group for _offset, state in broker.store.iter_halves()] == []
+
+
+ADMIN_AND_APP = ACL + """
+  - accessKey: root
+    secretKey: root-secret
+    admin: true
+"""
+
+
+async def test_a_decision_needs_pub_on_the_halfs_topic(broker_factory, tmp_path):
+    """An account denied a topic, with the default group grant, named another account's producer group and its
+    half's offsets in END_TRANSACTION and committed the half into the topic (found by the fuzzer)."""
+    path = tmp_path / "plain_acl.yml"
+    path.write_text(ADMIN_AND_APP)
+    broker = await broker_factory(aclEnable=True, aclConfigFile=str(path))
+    admin_raw, app_raw = await RawClient.connect(broker.addr), await RawClient.connect(broker.addr)
+    try:
+        admin, app = Signed(admin_raw, Credentials("root", "root-secret")), Signed(app_raw, APP)
+        half = await admin.send("Secret", b"CLASSIFIED", group="PG_ROOT",
+                                props={P.TRAN_MSG: "true", P.PGROUP: "PG_ROOT"},
+                                sys_flag=SysFlag.TRANSACTION_PREPARED_TYPE)
+        end = EndTransactionRequestHeader(producerGroup="PG_ROOT", tranStateTableOffset=0, commitLogOffset=half,
+                                          commitOrRollback=8, fromTransactionCheck=False, msgId="m").to_ext()
+        answer = await app.request(RequestCode.END_TRANSACTION, end)
+        assert answer.code == ResponseCode.NO_PERMISSION and "Secret" in answer.remark
+        assert broker.store.get_half(half).pending and broker.store.max_offset("Secret", 0) == 0
+        assert (await admin.request(RequestCode.END_TRANSACTION, end)).code == ResponseCode.SUCCESS
+        assert broker.store.max_offset("Secret", 0) == 1
+    finally:
+        admin_raw.close()
+        app_raw.close()
