@@ -104,12 +104,15 @@ class _Backlog:
     built into answers, ``built`` bytes of answers built and not yet written; ``waiters`` wait for ``built`` to
     go down."""
 
-    __slots__ = ("taken", "built", "waiters")
+    __slots__ = ("taken", "built", "waiters", "taking")
 
     def __init__(self):
         self.taken = 0
         self.built = 0
         self.waiters: list[asyncio.Future] = []
+        #: one take at a time: each takes at most the room the ones before it left (a good client's 32 receives
+        #: in flight on one connection each reserved the whole room before, and all but one were refused)
+        self.taking = asyncio.Lock()
 
     async def room_to_build(self, limit: int) -> None:
         """Until the connection's built and unwritten answers are under ``limit``. An answer waiting here has
@@ -130,7 +133,7 @@ class _Backlog:
                 future.set_result(None)
 
     def idle(self) -> bool:
-        return self.taken == 0 and self.built == 0 and not self.waiters
+        return self.taken == 0 and self.built == 0 and not self.waiters and not self.taking.locked()
 
 
 class Delivery:
@@ -251,21 +254,21 @@ class ReceiveService:
         """
         limit = self.ctx.config.serverMaxUnreadBytesPerConnection
         backlog = self._backlog(peer)
-        unwritten = backlog.taken + backlog.built
-        if unwritten >= limit:
-            self._settle(peer, backlog)
-            if self.ctx.metrics is not None:
-                self.ctx.metrics.grpc_receive_refused()
-            raise GrpcError(Code["TOO_MANY_REQUESTS"], f"the connection's answers are not being read: {unwritten} "
-                                                       f"bytes not yet written (serverMaxUnreadBytesPerConnection="
-                                                       f"{limit})")
-        room = min(limit - unwritten, MAX_RESPONSE_BYTES)
-        backlog.taken += room  # reserved now: receives of the connection running at once share the room
         taken: list = []
         try:
-            taken, next_visible = await self._take_from(group, topic, queues, tag_codes, batch, room, invisible_ms)
+            async with backlog.taking:
+                unwritten = backlog.taken + backlog.built
+                if unwritten >= limit:
+                    if self.ctx.metrics is not None:
+                        self.ctx.metrics.grpc_receive_refused()
+                    raise GrpcError(Code["TOO_MANY_REQUESTS"], f"the connection's answers are not being read: "
+                                                               f"{unwritten} bytes not yet written "
+                                                               f"(serverMaxUnreadBytesPerConnection={limit})")
+                room = min(limit - unwritten, MAX_RESPONSE_BYTES)
+                taken, next_visible = await self._take_from(group, topic, queues, tag_codes, batch, room,
+                                                            invisible_ms)
+                backlog.taken += sum(size for _rec, _handle, _attempts, size in taken)
         finally:
-            backlog.taken -= room - sum(size for _rec, _handle, _attempts, size in taken)
             if not taken:
                 self._settle(peer, backlog)
         return taken, next_visible, backlog

@@ -179,6 +179,22 @@ def test_receives_whose_answers_are_not_read_stop_taking_messages(grpc_broker_fa
     wait_until(lambda: not broker.broker.grpc.receive._backlogs)  # every stream gave its budget back
 
 
+def test_many_receives_in_flight_of_a_reading_client_are_all_served(grpc_broker):
+    """A good client keeps 32 receives in flight on one connection and reads every answer: before, each receive
+    reserved the connection's whole answer budget while it waited for its turn, and the others were refused
+    TOO_MANY_REQUESTS although nothing was left unread."""
+    broker = grpc_broker
+    with stub(broker, own_connection=True) as service:
+        for i in range(64):
+            assert service.SendMessage(send_request("Busy", f"m{i}".encode()), metadata=metadata(broker),
+                                       timeout=20).status.code == Code.OK
+        calls = [service.ReceiveMessage(receive_request("Readers", "Busy", batch=2, polling_s=1),
+                                        metadata=metadata(broker), timeout=30) for _ in range(32)]
+        answers = [list(call) for call in calls]
+    assert Code.TOO_MANY_REQUESTS not in [code for streamed in answers for code in codes(streamed)]
+    assert sum(len(messages(streamed)) for streamed in answers) == 64
+
+
 # --- 3: entries of one AckMessage -------------------------------------------------------------------------------
 
 def test_an_ack_with_more_entries_than_grpc_max_ack_entries_is_refused_bad_request(grpc_broker):
