@@ -160,6 +160,10 @@ class BrokerConfig:
         "how much larger than maxMessageSize a gRPC request may be (its envelope: topics, properties, ids; a batch "
         "SendMessage's bodies together); a larger request is refused RESOURCE_EXHAUSTED from its length prefix, "
         "before it is buffered", default=1 << 20, meta={"min": 64 << 10, "max": 64 << 20})
+    grpcMaxStreamsPerConnection: int = _doc(
+        "RPCs one gRPC connection may have open at once (HTTP/2's max concurrent streams): more wait in the client "
+        "until one ends; each open receive can hold an answer in grpc's buffers, so this bounds what a connection "
+        "that never reads costs", default=256, meta={"min": 1, "max": 65_536})
     grpcMaxAckEntries: int = _doc("most entries in one AckMessage (a receive hands out at most 1024 messages); more "
                                   "are refused BAD_REQUEST", default=1024, meta={"min": 1, "max": 100_000})
     # --- gRPC sessions and telemetry, bounded as the remoting door bounds connections and their answers ---

@@ -60,6 +60,9 @@ AUTO_RENEW_MAX_MS = 3_600_000      #: renewed for at most this long after the re
 MAX_BATCH = 1024
 MAX_POLLING_MS = 60_000
 MAX_RESPONSE_BYTES = 4 << 20
+#: a take's room is at most 1/RECEIVE_SHARES of its connection's answer budget, so that many takes of one
+#: connection run at once (and their receipts share write groups)
+RECEIVE_SHARES = 16
 _MAX_QUEUE_ID = (1 << 31) - 1  #: MessageQueue.id is an int32
 _MAX_OFFSET = (1 << 63) - 1
 _MAX_VERSION = (1 << 64) - 1
@@ -104,27 +107,50 @@ class _Backlog:
     built into answers, ``built`` bytes of answers built and not yet written; ``waiters`` wait for ``built`` to
     go down."""
 
-    __slots__ = ("taken", "built", "waiters", "taking")
+    __slots__ = ("taken", "built", "reserved", "waiters")
 
     def __init__(self):
         self.taken = 0
         self.built = 0
+        #: room held by takes under way, each at most a share of the budget: a good client's 32 receives in flight
+        #: on one connection each reserved the whole room before, and all but one were refused
+        self.reserved = 0
         self.waiters: list[asyncio.Future] = []
-        #: one take at a time: each takes at most the room the ones before it left (a good client's 32 receives
-        #: in flight on one connection each reserved the whole room before, and all but one were refused)
-        self.taking = asyncio.Lock()
+
+    async def reserve(self, limit: int) -> int:
+        """Room for one take: at most RECEIVE_SHARE of ``limit``, once the takes under way leave it.
+
+        Raises:
+            GrpcError: TOO_MANY_REQUESTS, the connection's taken and built answers fill its budget (its reader is
+                behind: waiting would not end).
+        """
+        while True:
+            unwritten = self.taken + self.built
+            if unwritten >= limit:
+                raise GrpcError(Code["TOO_MANY_REQUESTS"], f"the connection's answers are not being read: "
+                                                           f"{unwritten} bytes not yet written "
+                                                           f"(serverMaxUnreadBytesPerConnection={limit})")
+            free = limit - unwritten - self.reserved
+            if free > 0:
+                room = min(free, max(limit // RECEIVE_SHARES, 1), MAX_RESPONSE_BYTES)
+                self.reserved += room
+                return room
+            await self._wait()
+
+    async def _wait(self) -> None:
+        future = asyncio.get_running_loop().create_future()
+        self.waiters.append(future)
+        try:
+            await future
+        finally:
+            if future in self.waiters:
+                self.waiters.remove(future)
 
     async def room_to_build(self, limit: int) -> None:
         """Until the connection's built and unwritten answers are under ``limit``. An answer waiting here has
         nothing built itself, so while every stream waits nothing is built and none waits: no deadlock."""
         while self.built >= limit:
-            future = asyncio.get_running_loop().create_future()
-            self.waiters.append(future)
-            try:
-                await future
-            finally:
-                if future in self.waiters:
-                    self.waiters.remove(future)
+            await self._wait()
 
     def wake(self) -> None:
         waiters, self.waiters = self.waiters, []
@@ -133,7 +159,7 @@ class _Backlog:
                 future.set_result(None)
 
     def idle(self) -> bool:
-        return self.taken == 0 and self.built == 0 and not self.waiters and not self.taking.locked()
+        return self.taken == 0 and self.built == 0 and self.reserved == 0 and not self.waiters
 
 
 class Delivery:
@@ -154,8 +180,8 @@ class ReceiveService:
         self.ctx = endpoint.ctx
         self.consumer = consumer
         self.store = endpoint.ctx.store
-        #: one receive at a time per (group, topic): takes then never race each other (the ops check anyway)
-        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        #: one take at a time per (group, topic, queue): takes then never race each other (the ops check anyway)
+        self._locks: dict[tuple[str, str, int], asyncio.Lock] = {}
         #: per gRPC connection (peer): its receives' messages taken or answers built, not yet written
         self._backlogs: dict[str, _Backlog] = {}
         # versions grow across restarts too: a handle from before a restart never names a newer receipt
@@ -256,19 +282,18 @@ class ReceiveService:
         backlog = self._backlog(peer)
         taken: list = []
         try:
-            async with backlog.taking:
-                unwritten = backlog.taken + backlog.built
-                if unwritten >= limit:
-                    if self.ctx.metrics is not None:
-                        self.ctx.metrics.grpc_receive_refused()
-                    raise GrpcError(Code["TOO_MANY_REQUESTS"], f"the connection's answers are not being read: "
-                                                               f"{unwritten} bytes not yet written "
-                                                               f"(serverMaxUnreadBytesPerConnection={limit})")
-                room = min(limit - unwritten, MAX_RESPONSE_BYTES)
-                taken, next_visible = await self._take_from(group, topic, queues, tag_codes, batch, room,
-                                                            invisible_ms)
-                backlog.taken += sum(size for _rec, _handle, _attempts, size in taken)
+            room = await backlog.reserve(limit)
+        except GrpcError:
+            self._settle(peer, backlog)
+            if self.ctx.metrics is not None:
+                self.ctx.metrics.grpc_receive_refused()
+            raise
+        try:
+            taken, next_visible = await self._take_from(group, topic, queues, tag_codes, batch, room, invisible_ms)
+            backlog.taken += sum(size for _rec, _handle, _attempts, size in taken)
         finally:
+            backlog.reserved -= room
+            backlog.wake()
             if not taken:
                 self._settle(peer, backlog)
         return taken, next_visible, backlog
@@ -340,15 +365,18 @@ class ReceiveService:
 
     async def _take_from(self, group, topic, queues, tag_codes, batch, max_bytes, invisible_ms):
         """Up to ``batch`` messages, and about ``max_bytes`` of them (at least one), from ``queues`` in turn, as
-        (record, handle, attempts, stored bytes); and the earliest time a held one becomes visible."""
+        (record, handle, attempts, stored bytes); and the earliest time a held one becomes visible.
+
+        One take at a time per queue of a group (its cursor and receipts); a queue another receive is taking from
+        is tried after the others, so receives in flight together take from different queues at once."""
         taken: list = []
         next_visible = None
         room = max_bytes
-        lock = self._locks.setdefault((group, topic), asyncio.Lock())
-        async with lock:
-            for queue_id in queues:
-                if len(taken) >= batch or room <= 0:
-                    break
+        busy = [q for q in queues if self._queue_lock(group, topic, q).locked()]
+        for queue_id in [q for q in queues if q not in busy] + busy:
+            if len(taken) >= batch or room <= 0:
+                break
+            async with self._queue_lock(group, topic, queue_id):
                 for _attempt in range(3):  # an ack or change racing the read makes the op refuse: read again
                     try:
                         got, visible = await self._take(group, topic, queue_id, tag_codes, batch - len(taken),
@@ -358,11 +386,18 @@ class ReceiveService:
                         continue
                 else:
                     got, visible = [], None
-                taken.extend(got)
-                room -= sum(size for _rec, _handle, _attempts, size in got)
-                if visible is not None and (next_visible is None or visible < next_visible):
-                    next_visible = visible
+            taken.extend(got)
+            room -= sum(size for _rec, _handle, _attempts, size in got)
+            if visible is not None and (next_visible is None or visible < next_visible):
+                next_visible = visible
         return taken, next_visible
+
+    def _queue_lock(self, group: str, topic: str, queue_id: int) -> asyncio.Lock:
+        key = (group, topic, queue_id)
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = asyncio.Lock()
+        return lock
 
     async def _take(self, group, topic, queue_id, tag_codes, room, max_bytes, invisible_ms):
         store, cfg = self.store, self.ctx.config

@@ -6,6 +6,8 @@ read. RPCs halfmq does not serve (PullMessage, the offset RPCs, lite topics) ans
 
 A request larger than maxMessageSize + grpcRequestHeadroomBytes is refused RESOURCE_EXHAUSTED by grpc itself,
 from its length prefix (measured before: 8 half-sent 40 MiB messages on one connection cost the broker 258 MiB).
+A connection has at most grpcMaxStreamsPerConnection RPCs open at once (HTTP/2's own limit: more wait in the
+client).
 """
 from __future__ import annotations
 
@@ -137,6 +139,7 @@ class GrpcEndpoint:
         largest = config.maxMessageSize + config.grpcRequestHeadroomBytes
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", largest),
                                           ("grpc.max_send_message_length", largest),
+                                          ("grpc.max_concurrent_streams", config.grpcMaxStreamsPerConnection),
                                           ("grpc.so_reuseport", 0)])
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, self._handlers),
                                          grpc.method_handlers_generic_handler(METRICS_SERVICE, {

@@ -6,6 +6,7 @@ import hashlib
 import logging
 import os
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import grpc
@@ -149,34 +150,73 @@ def test_a_request_beyond_max_message_size_and_its_headroom_is_refused_resource_
 
 # --- 2: answers not read ----------------------------------------------------------------------------------------
 
-def test_receives_whose_answers_are_not_read_stop_taking_messages(grpc_broker_factory):
+def test_receives_whose_answers_are_not_read_take_a_share_each(grpc_broker_factory):
     """Before: every receive of a connection took its batch and built all its answers whether or not they were read
-    (48 unread ReceiveMessage streams on one connection: +210 MiB)."""
-    budget = 256 << 10
-    broker = grpc_broker_factory(serverMaxUnreadBytesPerConnection=budget)
-    body = os.urandom(64 << 10)
+    (48 unread ReceiveMessage streams on one connection: +210 MiB). Now a take has a share of the connection's
+    answer budget (one message at least), so 48 unread receives of 32 hold 48 messages, not 48 batches."""
+    broker = grpc_broker_factory(serverMaxUnreadBytesPerConnection=1 << 20)
+    body = os.urandom(512 << 10)  # larger than a take's share (1/16 of the budget): each receive takes one
     with stub(broker, own_connection=True) as service:
-        for _ in range(64):
+        for _ in range(96):
             assert service.SendMessage(send_request("Unread", body), metadata=metadata(broker),
                                        timeout=20).status.code == Code.OK
-        refused = counter(broker, "halfmq_grpc_receives_refused_total")
-        calls = []
+        calls = [service.ReceiveMessage(receive_request("Idle", "Unread", batch=32), metadata=metadata(broker),
+                                        timeout=60) for _ in range(48)]
         try:
-            for _ in range(16):  # none of them read: their answers stop at grpc's flow control
-                calls.append(service.ReceiveMessage(receive_request("Idle", "Unread"), metadata=metadata(broker),
-                                                    timeout=60))
-            wait_until(lambda: counter(broker, "halfmq_grpc_receives_refused_total") > refused)
-            taken = sum(len(read_receipts(broker.broker.ctx.store, "Idle", "Unread", queue_id)) for queue_id in
-                        range(8))
-            # the budget, one message beyond it, and what grpc's flow-control windows took off the streams
-            assert taken * len(body) <= budget + len(body) + 2 * MiB
+            wait_until(lambda: counter(broker, "halfmq_grpc_receives_refused_total") + sum(
+                len(read_receipts(broker.broker.ctx.store, "Idle", "Unread", q)) for q in range(8)) >= 48)
+            taken = sum(len(read_receipts(broker.broker.ctx.store, "Idle", "Unread", q)) for q in range(8))
+            assert taken <= 48
         finally:
-            answers = []
-            for call in calls:
-                answers.append(list(call))
-    assert Code.TOO_MANY_REQUESTS in [code for streamed in answers for code in codes(streamed)]
-    assert sum(len(messages(streamed)) for streamed in answers) < 64  # the refused ones took nothing
+            answers = [list(call) for call in calls]
+    assert all(len(messages(streamed)) <= 1 for streamed in answers)
     wait_until(lambda: not broker.broker.grpc.receive._backlogs)  # every stream gave its budget back
+
+
+def test_a_connection_has_at_most_grpc_max_streams_per_connection_rpcs_open(grpc_broker_factory):
+    broker = grpc_broker_factory(grpcMaxStreamsPerConnection=4)
+    long_poll = broker.broker.ctx.long_poll
+    with stub(broker, own_connection=True) as service:
+        assert service.SendMessage(send_request("Streams", b"x"), metadata=metadata(broker),
+                                   timeout=20).status.code == Code.OK  # the topic
+        assert len(messages(service.ReceiveMessage(receive_request("Nobody", "Streams"), metadata=metadata(broker),
+                                                   timeout=30))) == 1  # now nothing is left to take
+        calls = [service.ReceiveMessage(receive_request("Nobody", "Streams", polling_s=2), metadata=metadata(broker),
+                                        timeout=30) for _ in range(7)]
+        most = 0
+        def read(call) -> list:
+            try:
+                return codes(call)
+            except grpc.RpcError as exc:  # a stream beyond the limit, refused by HTTP/2 (REFUSED_STREAM)
+                return [exc.code()]
+
+        with ThreadPoolExecutor(len(calls)) as readers:  # each call's answers read as they come
+            answers = [readers.submit(read, call) for call in calls]
+
+            def finished() -> bool:
+                nonlocal most
+                most = max(most, long_poll.count())
+                return all(answer.done() for answer in answers)
+
+            wait_until(finished, timeout=30, interval=0.01)
+    assert most == 4  # the others waited for a stream or were refused one
+    ends = [answer.result() for answer in answers]
+    assert ends.count([Code.MESSAGE_NOT_FOUND]) >= 4
+    assert all(end in ([Code.MESSAGE_NOT_FOUND], [grpc.StatusCode.UNAVAILABLE]) for end in ends), ends
+
+
+async def test_a_connection_whose_answers_fill_its_budget_is_refused_at_once():
+    """What stops taking for a connection whose reader is behind: its taken and built answers fill the budget."""
+    from halfmq.broker.grpc.receive import RECEIVE_SHARES, _Backlog
+    from halfmq.broker.grpc.status import GrpcError
+    backlog = _Backlog()
+    limit = 1 << 20
+    shares = [await backlog.reserve(limit) for _ in range(RECEIVE_SHARES)]
+    assert shares == [limit // RECEIVE_SHARES] * RECEIVE_SHARES and backlog.reserved == limit
+    backlog.reserved, backlog.built = 0, limit  # the takes are done; their answers could not be written
+    with pytest.raises(GrpcError) as refused:
+        await backlog.reserve(limit)
+    assert refused.value.code == Code.TOO_MANY_REQUESTS
 
 
 def test_many_receives_in_flight_of_a_reading_client_are_all_served(grpc_broker):
