@@ -1,7 +1,9 @@
-"""The gRPC endpoint for RocketMQ 5 clients (apache.rocketmq.v2.MessagingService), beside the remoting listener.
+"""The gRPC endpoint for RocketMQ 5 clients (apache.rocketmq.v2.MessagingService), beside the remoting listener: an
+adapter of the messaging service (broker/messaging/), as the remoting processors are.
 
 Needs the ``grpc`` extra (grpcio, protobuf). Layout: schema (the published .proto files, compiled), auth (client
-metadata and the 5.x ACL signature), status (the reference's Codes), convert (gRPC Message ⇄ stored record),
-sessions (clients and their telemetry streams), route (route, heartbeat, assignment, settings), send (send,
-transactions), receive (receive with invisibility, ack, DLQ), server (the grpc.aio server).
+metadata and the 5.x ACL signature), status (Status answers, from the broker's one error table), convert (gRPC
+Message ⇄ stored record), sessions (clients and their telemetry streams), route (route, heartbeat, assignment,
+settings), send (send, transactions), group_commit (concurrent calls' writes in one store group), receive (receive
+with invisibility, ack, DLQ), server (the grpc.aio server).
 """
