@@ -162,6 +162,31 @@ class _Backlog:
         return self.taken == 0 and self.built == 0 and self.reserved == 0 and not self.waiters
 
 
+def _earliest(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+class _Take:
+    """One queue's planned take: its TakeReceipts op and the records it hands out (by queue offset)."""
+
+    __slots__ = ("queue_id", "op", "records", "sizes", "version", "visible_at", "size")
+
+    def __init__(self, queue_id: int, op, records: dict, sizes: dict[int, int], version: int, visible_at: int):
+        self.queue_id, self.op, self.records, self.sizes = queue_id, op, records, sizes
+        self.version, self.visible_at = version, visible_at
+        self.size = sum(sizes.values())
+
+    def finish(self, results) -> list:
+        """(record, handle, attempts, stored bytes) of each message the written op handed out."""
+        out = []
+        for queue_offset, attempts, _physical in results:
+            rec = self.records[queue_offset]
+            rec.reconsume_times = attempts - 1
+            out.append((rec, receipt_handle(self.queue_id, queue_offset, self.version), attempts,
+                        self.sizes[queue_offset]))
+        return out
+
+
 class Delivery:
     """What one receive took, to be written: (record, handle, attempts, stored bytes) in order; each item is
     dropped (None) once written or handled, so its record's memory goes with it."""
@@ -367,29 +392,55 @@ class ReceiveService:
         """Up to ``batch`` messages, and about ``max_bytes`` of them (at least one), from ``queues`` in turn, as
         (record, handle, attempts, stored bytes); and the earliest time a held one becomes visible.
 
-        One take at a time per queue of a group (its cursor and receipts); a queue another receive is taking from
-        is tried after the others, so receives in flight together take from different queues at once."""
-        taken: list = []
+        One take at a time per queue of a group (its cursor and receipts). The queues no other receive is taking
+        from are planned in turn and their takes written together, one write group for the whole receive (taken
+        queue by queue, a receive of 32 from 8 queues waited for 8 syncs one after the other); only when every
+        queue is busy does it wait, for one queue, holding no other lock (so two receives never wait on each
+        other)."""
+        plans: list[_Take] = []
         next_visible = None
-        room = max_bytes
-        busy = [q for q in queues if self._queue_lock(group, topic, q).locked()]
-        for queue_id in [q for q in queues if q not in busy] + busy:
-            if len(taken) >= batch or room <= 0:
-                break
-            async with self._queue_lock(group, topic, queue_id):
-                for _attempt in range(3):  # an ack or change racing the read makes the op refuse: read again
-                    try:
-                        got, visible = await self._take(group, topic, queue_id, tag_codes, batch - len(taken),
-                                                        room, invisible_ms)
-                        break
-                    except ReceiptError:
-                        continue
-                else:
-                    got, visible = [], None
-            taken.extend(got)
-            room -= sum(size for _rec, _handle, _attempts, size in got)
-            if visible is not None and (next_visible is None or visible < next_visible):
-                next_visible = visible
+        count, room = 0, max_bytes
+        held: list[asyncio.Lock] = []
+        taken: list = []
+        try:
+            busy = []
+            for queue_id in queues:
+                if count >= batch or room <= 0:
+                    break
+                lock = self._queue_lock(group, topic, queue_id)
+                if lock.locked():
+                    busy.append(queue_id)
+                    continue
+                await lock.acquire()  # free: taken without yielding
+                held.append(lock)
+                plan, visible = await self._plan(group, topic, queue_id, tag_codes, batch - count, room,
+                                                 invisible_ms)
+                next_visible = _earliest(next_visible, visible)
+                if plan is not None:
+                    plans.append(plan)
+                    count, room = count + len(plan.records), room - plan.size
+            if not plans and busy:
+                lock = self._queue_lock(group, topic, busy[0])
+                await lock.acquire()
+                held.append(lock)
+                plan, visible = await self._plan(group, topic, busy[0], tag_codes, batch, room, invisible_ms)
+                next_visible = _earliest(next_visible, visible)
+                if plan is not None:
+                    plans.append(plan)
+            completions = [self.store.submit(plan.op) for plan in plans]  # one write group
+            for plan, completion in zip(plans, completions):
+                try:
+                    results = await completion
+                except ReceiptError:  # an ack or change raced the plan: this queue gives nothing this time
+                    continue
+                taken.extend(plan.finish(results))
+                self._commit_progress(group, topic, plan.queue_id)
+                if plan.records:
+                    next_visible = _earliest(next_visible, plan.visible_at)
+        finally:
+            for lock in held:
+                lock.release()
+        taken.sort(key=lambda item: (item[0].queue_id, item[0].queue_offset))
         return taken, next_visible
 
     def _queue_lock(self, group: str, topic: str, queue_id: int) -> asyncio.Lock:
@@ -399,7 +450,9 @@ class ReceiveService:
             lock = self._locks[key] = asyncio.Lock()
         return lock
 
-    async def _take(self, group, topic, queue_id, tag_codes, room, max_bytes, invisible_ms):
+    async def _plan(self, group, topic, queue_id, tag_codes, room, max_bytes, invisible_ms):
+        """The take of one queue: its due receipts to hand out again and its fresh messages, as a ``_Take`` (None
+        when there is nothing to write); and the earliest time a held receipt of it becomes visible."""
         store, cfg = self.store, self.ctx.config
         now = now_ms()
         receipts = read_receipts(store, group, topic, queue_id)
@@ -448,27 +501,16 @@ class ReceiveService:
                 fresh.append(rec)
                 sizes[rec.queue_offset] = len(raw)
         if not fresh and not redelivered and not dropped and new_cursor == start and cursor is not None:
-            return [], next_visible
+            return None, next_visible
         version = next(self._versions)
+        visible_at = now + invisible_ms
         op = TakeReceipts(group, topic, queue_id, cursor, new_cursor,
                           [(rec.queue_offset, rec.physical_offset, P.SHARDING_KEY in rec.properties)
                            for rec in fresh],
-                          [(r.queue_offset, r.version) for r, _rec in redelivered], dropped,
-                          now + invisible_ms, version)
-        results = await store.submit(op)
+                          [(r.queue_offset, r.version) for r, _rec in redelivered], dropped, visible_at, version)
         records = {rec.queue_offset: rec for rec in fresh}
         records.update({r.queue_offset: rec for r, rec in redelivered})
-        out = []
-        for queue_offset, attempts, _physical in results:
-            rec = records[queue_offset]
-            rec.reconsume_times = attempts - 1
-            out.append((rec, receipt_handle(queue_id, queue_offset, version), attempts, sizes[queue_offset]))
-        out.sort(key=lambda item: item[0].queue_offset)
-        if out:
-            visible = now + invisible_ms
-            next_visible = visible if next_visible is None else min(next_visible, visible)
-        self._commit_progress(group, topic, queue_id)
-        return out, next_visible
+        return _Take(queue_id, op, records, sizes, version, visible_at), next_visible
 
     def _commit_progress(self, group: str, topic: str, queue_id: int) -> None:
         """The group's committed offset: the first message not yet acknowledged (for progress and lag)."""
