@@ -72,12 +72,13 @@ class ProducerRegistry:
         self.register_listeners: list[Callable[[str, Channel], None]] = []
 
     def register(self, group: str, info: ClientInfo) -> None:
-        channels = self.groups.setdefault(group, {})
-        is_new = info.channel not in channels
-        channels[info.channel] = info
-        if is_new:
-            for listener in self.register_listeners:
-                listener(group, info.channel)
+        """Register (or refresh: every heartbeat) a producer of ``group``. Every registration is a sign of life the
+        listeners hear, not only a new one: a producer that was not reading when its group's half came due, and
+        speaks again on the same connection, gets the halves that waited for it (issue 23: they waited for a new
+        registration of the group that never came)."""
+        self.groups.setdefault(group, {})[info.channel] = info
+        for listener in self.register_listeners:
+            listener(group, info.channel)
 
     def unregister(self, group: str, channel: Channel) -> None:
         channels = self.groups.get(group)

@@ -240,3 +240,27 @@ def test_check_times_property_is_set_whatever_the_property_string_holds():
     replaced = with_check_times("TRANSACTION_CHECK_TIMES\x013\x02KEYS\x01k\x02", 4)
     assert decode_properties(replaced) == {P.TRANSACTION_CHECK_TIMES: "4", "KEYS": "k"}
     assert replaced.count(P.TRANSACTION_CHECK_TIMES) == 1
+
+
+async def test_a_registered_producers_next_heartbeat_wakes_the_halves_waiting_for_it(broker_factory):
+    """Issue 23: a half postponed while the group's only producer was not reading (its last checks unanswered)
+    waited for a *new* registration of the group; the same producer heartbeating again never woke it."""
+    broker = await broker_factory(transactionTimeOut=20, transactionCheckInterval=3_600_000,
+                                  transactionCheckMaxUnreadBytes=1024)
+    producer = await RawClient.connect(broker.addr)
+    try:
+        await producer.heartbeat("slow", producer_groups=[GROUP])
+        _r, first = await send_half(producer, body=b"x" * 2048)  # its check alone is over the unread bound
+        check = await asyncio.wait_for(producer.incoming.get(), 5)
+        assert check.ext_fields["commitLogOffset"] == str(first)
+        other = await RawClient.connect(broker.addr)  # another sender, gone before its half's check
+        _r, second = await send_half(other)
+        other.close()
+        await other.closed.wait()
+        while second not in broker.ctx.check_back.waiting_for_producer.get(GROUP, ()):
+            await asyncio.wait_for(wait_for_pass(broker), 5)  # postponed: the producer has not shown it reads
+        await producer.heartbeat("slow", producer_groups=[GROUP])  # it speaks again, on the same connection
+        check = await asyncio.wait_for(producer.incoming.get(), 5)  # the interval is an hour: the heartbeat did it
+        assert check.ext_fields["commitLogOffset"] == str(second)
+    finally:
+        producer.close()
