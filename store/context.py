@@ -11,7 +11,7 @@ from halfmq.protocol.message import stamp_record
 
 from .errors import InvalidWriteError
 from .halfs import HalfState
-from .keys import CQ_VALUE, DUE_KEY, QUEUE_KEY, TOPIC_ID, U64, offset_key
+from .keys import CQ_VALUE, DELETED_TOPICS_KEY, DUE_KEY, QUEUE_KEY, TOPIC_ID, U64, offset_key
 from .requests import PutRequest, PutResult
 
 import msgpack
@@ -153,9 +153,20 @@ class WriteContext:
         self.writes += 1
         self.txn.delete(name.encode(), db=self.dbs["topics"])
 
+    def deleted_topics(self) -> dict[str, int]:
+        """Topic name → the commit-log offset when it was last deleted (DELETED_TOPICS_KEY)."""
+        raw = self.txn.get(DELETED_TOPICS_KEY.encode(), db=self.dbs["meta"])
+        return msgpack.unpackb(raw) if raw is not None else {}
+
     def put_meta(self, key: str, value) -> None:
         self.writes += 1
         self.txn.put(key.encode(), msgpack.packb(value), db=self.dbs["meta"])
+
+
+def stored_before_deletion(deleted: dict[str, int], topic: str, physical_offset: int) -> bool:
+    """Was the record at ``physical_offset``, bound for ``topic``, stored before the topic's last deletion?"""
+    boundary = deleted.get(topic)
+    return boundary is not None and physical_offset < boundary
 
 
 def key_index_key(topic: bytes, key: str, physical: int) -> bytes:

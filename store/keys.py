@@ -9,6 +9,9 @@ QUEUE_PREFIX = struct.Struct(">II")
 CQ_VALUE = struct.Struct(">QIqq")       # physical offset, size, tags code, store timestamp
 DUE_KEY = struct.Struct(">QQ")          # due ms, half offset
 TOPIC_ID = struct.Struct(">I")
+#: meta key: topic name → the commit-log offset when the topic was last deleted. A timer or delayed message stored
+#: before it (below that offset) was for the deleted topic and is not delivered into one created again with the name.
+DELETED_TOPICS_KEY = "lifecycle.deleted_topics"
 
 
 def offset_key(group: str, topic: str, queue_id: int) -> bytes:

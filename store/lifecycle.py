@@ -27,7 +27,7 @@ from halfmq.protocol.properties import KEYS, TIMER_OUT_MS, decode_properties
 
 from .context import WriteContext, key_index_key
 from .halfs import HalfState, HalfStatus
-from .keys import CQ_VALUE, DUE_KEY, QUEUE_KEY, QUEUE_PREFIX, U64, parse_offset_key
+from .keys import CQ_VALUE, DELETED_TOPICS_KEY, DUE_KEY, QUEUE_KEY, QUEUE_PREFIX, U64, parse_offset_key
 from .ops import Op
 from .receipts import TABLE as RECEIPTS, receipt_topic
 
@@ -187,7 +187,8 @@ def delete_entries(txn, cq_db, tid: int, queue_id: int, upto: int) -> int:
 class DeleteTopic(Op):
     """A topic's configuration, queue bounds and consumer offsets go now; its records and queue entries are
     purged in slices afterwards (PurgeTopic), under its old topic id, so a topic created again with the name gets
-    a new id and starts empty at once. Value: the old topic id, or None when it had no messages."""
+    a new id and starts empty at once; its timer and delayed messages waiting in the system topics are not delivered
+    into a topic created again (DELETED_TOPICS_KEY). Value: the old topic id, or None when it had no messages."""
 
     name: str
 
@@ -201,6 +202,9 @@ class DeleteTopic(Op):
         receipts = [key for key in txn.cursor(db=dbs[RECEIPTS]).iternext(keys=True, values=False)
                     if receipt_topic(key) == self.name]
         wctx.delete_topic(self.name)
+        deleted = wctx.deleted_topics()
+        deleted[self.name] = counters.next_physical
+        wctx.put_meta(DELETED_TOPICS_KEY, deleted)
         for key in offsets:
             txn.delete(key, db=dbs["offsets"])
         for key in receipts:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .context import WriteContext
+from .context import WriteContext, stored_before_deletion
 from .keys import offset_key
 from .requests import PutRequest, PutResult
 
@@ -62,17 +62,20 @@ class PutMessages(Op):
 
 @dataclass(slots=True)
 class DeliverDelayed(Op):
-    """Delayed messages re-stored to their real topics, with the level's progress advanced in the same write."""
+    """Delayed messages re-stored to their real topics, with the level's progress advanced in the same write; one
+    whose topic was deleted since it was stored is not (``items``: (its schedule record's offset, request))."""
 
-    requests: list[PutRequest]
+    items: list[tuple[int, PutRequest]]
     progress_key: str
     next_offset: int
 
     def apply(self, wctx: WriteContext) -> None:
         wctx.check_key(self.progress_key.encode(), "the schedule progress key")
-        for req in self.requests:
+        deleted = wctx.deleted_topics()
+        requests = [req for offset, req in self.items if not stored_before_deletion(deleted, req.topic, offset)]
+        for req in requests:
             wctx.check_message(req)
-        for req in self.requests:
+        for req in requests:
             wctx.put_message(req)
         wctx.put_meta(self.progress_key, self.next_offset)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .context import WriteContext
+from .context import WriteContext, stored_before_deletion
 from .keys import DUE_KEY
 from .ops import Op
 from .requests import PutRequest, PutResult
@@ -39,7 +39,11 @@ class DeliverTimed(Op):
 
     def apply(self, wctx: WriteContext) -> int:
         txn, timers = wctx.txn, wctx.dbs["timers"]
-        pending = [(DUE_KEY.pack(due, offset), request) for due, offset, request in self.items
+        deleted = wctx.deleted_topics()
+        # a timer message of a topic deleted since it was stored only loses its entry
+        pending = [(DUE_KEY.pack(due, offset),
+                    None if request is None or stored_before_deletion(deleted, request.topic, offset) else request)
+                   for due, offset, request in self.items
                    if txn.get(DUE_KEY.pack(due, offset), db=timers) is not None]
         for _key, request in pending:
             if request is not None:

@@ -95,9 +95,10 @@ class ScheduleService:
 
     async def _redeliver(self, level: int, entries) -> None:
         raw = self.store.read_records([e.physical_offset for e in entries])
-        requests = [redelivery_request(decode_record(r)) for r in raw]
+        records = [decode_record(r) for r in raw]
+        items = [(rec.physical_offset, redelivery_request(rec)) for rec in records]
         next_offset = entries[-1].queue_offset + 1
-        await self.store.submit(DeliverDelayed(requests, self._key(level), next_offset))
+        await self.store.submit(DeliverDelayed(items, self._key(level), next_offset))
         self.progress[level] = next_offset
 
 

@@ -118,3 +118,28 @@ async def test_retention_keeps_a_timer_message_until_it_is_delivered(broker_fact
     await broker.ctx.retention.run_pass()
     await asyncio.wait_for(seen.get(), 10)
     assert [m.body for m in await pulled(broker.namesrv_addr, "Kept")] == [b"in-2s"]
+
+
+async def test_timers_and_delayed_messages_of_a_deleted_topic_are_deleted_with_it(broker_factory):
+    """Issue 23: timer and delay-level messages sent before deleteTopic were delivered into the topic once it was
+    created again, though a topic created again starts empty."""
+    from halfmq.client.admin import Admin
+    broker = await broker_factory(messageDelayLevel="1s 2s", cleanResourceInterval=3_600_000)
+    seen = arrivals(broker, "Reborn")
+    async with Producer("P", broker.namesrv_addr) as producer, Admin(broker.namesrv_addr) as admin:
+        await admin.update_topic("Reborn", 1, 1)
+        await producer.send(Message("Reborn", b"old timer", deliver_time_ms=now_ms() + 1500))
+        await producer.send(Message("Reborn", b"old delayed", delay_level=1))
+        await admin.delete_topic("Reborn")
+        await admin.update_topic("Reborn", 1, 1)
+        await producer.send(Message("Reborn", b"new timer", deliver_time_ms=now_ms() + 1500))
+        await producer.send(Message("Reborn", b"new delayed", delay_level=1))
+        for _ in range(2):  # the two of the new topic come; the old ones are due at the same times
+            await asyncio.wait_for(seen.get(), 10)
+        schedule_topic = "SCHEDULE_TOPIC_XXXX"
+        deadline = time.monotonic() + 10
+        while broker.store.next_timer() is not None or \
+                broker.ctx.schedule.progress[1] < broker.store.max_offset(schedule_topic, 0):
+            assert time.monotonic() < deadline, "the old timer and delayed messages were not handled"
+            await asyncio.sleep(0.02)  # polling the services' state: nothing to wait on for a message not delivered
+    assert sorted(m.body for m in await pulled(broker.namesrv_addr, "Reborn")) == [b"new delayed", b"new timer"]
