@@ -198,20 +198,33 @@ class MakeDue(Op):
         return earliest
 
 
+def pending_since(state: HalfState) -> int:
+    """When a half's current wait began: its store time, or its last resume (a resumed half was discarded
+    before, at ``decided_ts``)."""
+    return max(state.store_ts, state.decided_ts or 0)
+
+
 @dataclass(slots=True)
 class DiscardHalf(Op):
-    """A half that used up its checks moves to ``topic`` (TRANS_CHECK_MAX_TIME_TOPIC), where it stays readable.
-    Value: the new state, or None when it was decided (or resumed) meanwhile."""
+    """A half that used up its checks, or (``max_age_ms``) that no producer answered for that long since it was
+    stored or last resumed, moves to ``topic`` (TRANS_CHECK_MAX_TIME_TOPIC), where it stays readable and
+    resumable. Value: the new state, or None when it was decided (or resumed) meanwhile."""
 
     half_offset: int
     max_checks: int
     topic: str
     store_host: str
+    max_age_ms: int | None = None
 
     def apply(self, wctx: WriteContext) -> HalfState | None:
         offset = self.half_offset
         state = wctx.get_half(offset)
-        if state is None or not state.pending or state.checks < self.max_checks:
+        if state is None or not state.pending:
+            return None
+        if self.max_age_ms is None:
+            if state.checks < self.max_checks:
+                return None
+        elif wctx.now_ms - pending_since(state) < self.max_age_ms:
             return None
         rec = decode_record(_half_record(wctx, offset))
         rec.topic, rec.queue_id, rec.store_host = self.topic, 0, self.store_host

@@ -4,7 +4,9 @@ Pending halves sit in the store's due index ordered by next check time, so a pas
 cost follows the number of pending halves, never the history. One timer is armed for the earliest due time.
 A check goes to the channel the half arrived on if it is still open, else to another live producer of the group
 (round robin). An attempt counts toward transactionCheckMax only when the check was written to a channel; a half
-with no live producer waits for its group's next (re)registration, which makes it due at once.
+with no live producer waits for a sign of life of its group (any registration: a heartbeat), which makes it due at
+once, and is tried again every transactionCheckInterval meanwhile. One that no producer answered for
+fileReservedTime is discarded (resumable), so halves nobody will answer never pin the store.
 
 Fairness (issue 11): "open" is not "reading". A producer stalled with its connection open (SIGSTOP, a hung loop)
 took all 600 checks of its group's 40 halves into its socket buffers, each counted, and the halves were discarded
@@ -27,6 +29,7 @@ from halfmq.protocol.errors import MessageFormatError
 from halfmq.protocol.message import create_offset_msg_id, record_properties_text, rewrite_record
 from halfmq.protocol.properties import decode_properties, encode_properties
 from halfmq.store import HalfState
+from halfmq.store.txops import pending_since
 
 from ..context import now_ms
 from ..log_limit import LimitedLog
@@ -151,6 +154,7 @@ class CheckBackService:
         postponed: list[int] = []       # no live producer: wait for one, attempts not burned
         stale: list[tuple[int, int]] = []
         to_discard: list[int] = []
+        aged: list[int] = []
         rows = self.store.halves_with_records([offset for _due, offset in due])
         self._prune_last_checks()
         for (due_ms, offset), (state, raw) in zip(due, rows, strict=True):
@@ -178,6 +182,8 @@ class CheckBackService:
                 attempts[offset] = checks + 1
                 self._last_check[offset] = (weakref.ref(channel), time.monotonic())
                 self.checks_sent += 1
+            elif now - pending_since(state) >= self.states.max_pending_ms:
+                aged.append(offset)  # nobody answered it for the retention age: it must not pin the store
             else:
                 self.waiting_for_producer.setdefault(state.group, set()).add(offset)
                 self.checks_undeliverable += 1
@@ -189,6 +195,7 @@ class CheckBackService:
             await self.states.reschedule(attempts, postponed, stale, self.interval_ms)
         metrics = self.ctx.metrics
         discards = [self.states.discard(offset, self.max_checks) for offset in to_discard]  # one group
+        discards += [self.states.discard(offset, self.max_checks, aged=True) for offset in aged]
         for completion in discards:
             if await completion is not None:
                 self.discarded += 1

@@ -23,11 +23,12 @@ log = logging.getLogger(__name__)
 COMMIT, ROLLBACK, UNKNOWN = 8, 12, 0
 
 
-def first_check_delay_ms(props: dict[str, str], timeout_ms: int) -> int:
-    """Delay before the first check: the larger of transactionTimeOut and the message's immunity time."""
+def first_check_delay_ms(props: dict[str, str], timeout_ms: int, max_pending_ms: int) -> int:
+    """Delay before the first check: the larger of transactionTimeOut and the message's immunity time, which is
+    capped at ``max_pending_ms`` (fileReservedTime: an unbounded immunity kept a half, and the store, forever)."""
     text = props.get(P.CHECK_IMMUNITY_TIME_IN_SECONDS)
     try:
-        immunity = int(text) * 1000 if text else -1
+        immunity = min(int(text) * 1000, max_pending_ms) if text else -1
     except ValueError:
         immunity = -1
     return max(timeout_ms, immunity)
@@ -40,6 +41,9 @@ class TransactionStates:
         #: Channel each pending half arrived on, so its check goes back there first (in memory only).
         self.sender_channels: weakref.WeakValueDictionary[int, object] = weakref.WeakValueDictionary()
         self.on_due = []  # callbacks(due_ms): a half became due at that time (the check scheduler)
+        #: how long a half may wait with no producer answering before it is discarded (resumable): the retention
+        #: age, as RocketMQ drops halves with their commit-log files at fileReservedTime
+        self.max_pending_ms = int(ctx.config.fileReservedTime * 3_600_000)
 
     def _when_done(self, completion, on_value, on_error=None):
         """Run ``on_value(value)`` (or ``on_error(exc)``) once the op is durable; returns the completion."""
@@ -91,7 +95,7 @@ class TransactionStates:
         # The half is not indexed by KEYS (that would show uncommitted bodies to QUERY_MESSAGE); its commit is.
         request.keys = None
         state.tags_code = request.tags_code
-        delay = first_check_delay_ms(props, self.ctx.config.transactionTimeOut)
+        delay = first_check_delay_ms(props, self.ctx.config.transactionTimeOut, self.max_pending_ms)
 
         def prepared(value) -> None:
             result, state = value
@@ -135,18 +139,24 @@ class TransactionStates:
         """A producer of the group (re)registered: its waiting halves are due now."""
         return self._when_done(self.store.submit(MakeDue(offsets)), self._due)
 
-    def discard(self, half_offset: int, max_checks: int):
-        """Move a half that used up its checks to TRANS_CHECK_MAX_TIME_TOPIC, where it stays readable.
+    def discard(self, half_offset: int, max_checks: int, aged: bool = False):
+        """Move a half that used up its checks, or (``aged``) that no producer answered for ``max_pending_ms``, to
+        TRANS_CHECK_MAX_TIME_TOPIC, where it stays readable and resumable.
         Value: the new state, or None when the half was decided (or resumed) meanwhile."""
         def discarded(state) -> None:
             if state is None:
                 return
             self.sender_channels.pop(half_offset, None)
-            log.info("half message at %d discarded after %d checks", half_offset, max_checks)
+            if aged:
+                log.info("half message at %d of group %s discarded: no producer answered for %d ms", half_offset,
+                         state.group, self.max_pending_ms)
+            else:
+                log.info("half message at %d discarded after %d checks", half_offset, max_checks)
             if self.ctx.metrics is not None:
                 self.ctx.metrics.half_decided(state)
 
-        op = DiscardHalf(half_offset, max_checks, CHECK_MAX_TIME_TOPIC, self.ctx.store_host)
+        op = DiscardHalf(half_offset, max_checks, CHECK_MAX_TIME_TOPIC, self.ctx.store_host,
+                         self.max_pending_ms if aged else None)
         return self._when_done(self.store.submit(op), discarded)
 
     def resume(self, half_offset: int):

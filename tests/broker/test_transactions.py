@@ -264,3 +264,36 @@ async def test_a_registered_producers_next_heartbeat_wakes_the_halves_waiting_fo
         assert check.ext_fields["commitLogOffset"] == str(second)
     finally:
         producer.close()
+
+
+async def test_a_half_no_producer_ever_answers_is_discarded_at_the_retention_age(broker_factory):
+    """Issue 23: a half whose group had no producer was postponed without spending a check, so it was never
+    discarded and retention never deleted it: such halves pinned the store until every send answered 14. Now one
+    older than fileReservedTime is discarded (and stays resumable), as RocketMQ drops halves with their files."""
+    broker = await broker_factory(transactionTimeOut=20, transactionCheckInterval=100, fileReservedTime=0.0003,
+                                  cleanResourceInterval=3_600_000)
+    c = await RawClient.connect(broker.addr)
+    _r, offset = await send_half(c)
+    c.close()
+    await c.closed.wait()
+    for _ in range(100):  # 1.08 s of age, checked every 100 ms
+        if broker.store.get_half(offset).status.value != "PREPARED":
+            break
+        await asyncio.wait_for(wait_for_pass(broker), 5)
+    state = broker.store.get_half(offset)
+    assert state.status.value == "DISCARDED" and state.checks == 0
+    back = await RawClient.connect(broker.addr)
+    try:
+        await back.heartbeat("back", producer_groups=[GROUP])
+        view = await back.request(RequestCode.RESUME_CHECK_HALF_MESSAGE, {"msgId": _r.ext_fields["msgId"]})
+        assert view.code == ResponseCode.SUCCESS
+        check = await asyncio.wait_for(back.incoming.get(), 5)  # resumed: checked again
+        assert check.ext_fields["commitLogOffset"] == str(offset)
+    finally:
+        back.close()
+
+
+def test_check_immunity_is_capped_at_the_retention_age():
+    from halfmq.broker.services.transaction import first_check_delay_ms
+    assert first_check_delay_ms({P.CHECK_IMMUNITY_TIME_IN_SECONDS: "60"}, 6_000, 3_600_000) == 60_000
+    assert first_check_delay_ms({P.CHECK_IMMUNITY_TIME_IN_SECONDS: str(10 ** 12)}, 6_000, 3_600_000) == 3_600_000
