@@ -341,10 +341,15 @@ class AccessValidator:
             if GRPC_GROUP_PREFIX.encode() not in (cmd.body or b""):  # the usual body names none: no parsing
                 return
             named = ((kind, name, "a group of the body") for kind, name, _perm in _body_resources(rule.code, cmd))
-        else:
+        else:  # every request's path (a send's): a plain loop, no parsing
             ext = cmd.ext_fields
-            named = ((need.kind, ext.get(need.header_key) or "", need.header_key) for need in rule.needs
-                     if need.header_key is not None)
+            for need in rule.needs:
+                name = ext.get(need.header_key) if need.header_key is not None else None
+                if name and GRPC_GROUP_PREFIX in name:
+                    kind, group, _perm = owner(need.kind, name, SUB)
+                    if kind == GROUP:
+                        check_remoting_group(group, need.header_key)
+            return
         for kind, name, where in named:
             if GRPC_GROUP_PREFIX in name:
                 kind, group, _perm = owner(kind, name, SUB)
