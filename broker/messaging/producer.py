@@ -20,6 +20,7 @@ from halfmq.store.timers import PutTimed
 
 from ..errors import BrokerError, Failure
 from ..names import check_message
+from ..services.clients import ClientInfo
 from ..services.timers import TIMER_KEYS
 from ..topics import DEFAULT_TOPIC, SCHEDULE_TOPIC, SEND_FORBIDDEN, TopicConfig, check_message_type, validate_topic_name
 
@@ -162,9 +163,16 @@ class ProducerService:
             return PutTimed(self.ctx.timers.timed_request(rec, due), due)
         return PutMessage(message_request(rec, index=plain))
 
-    def prepare_half(self, rec: MessageRecord, group: str, channel,
-                     batch: list[PutRequest] | None = None) -> Completion:
-        """Store ``rec`` as a half filed under ``group`` (checked by check_message); value (PutResult, HalfState)."""
+    def prepare_half(self, rec: MessageRecord, group: str, channel, batch: list[PutRequest] | None = None,
+                     sender: ClientInfo | None = None) -> Completion:
+        """Store ``rec`` as a half filed under ``group`` (checked by check_message); value (PutResult, HalfState).
+
+        ``sender`` (a remoting producer; a gRPC session registers through its telemetry stream) is registered as a
+        live producer of ``group``: a half sent is a sign of life, so the group's halves waiting for a producer are
+        checked with it at once (a producer reconnecting after a broker restart sends before its next heartbeat,
+        30 s later for stock clients)."""
+        if sender is not None:
+            self.ctx.producers.register(group, sender)
         return self.ctx.transactions.prepare(rec, group, channel, batch)
 
     def stored(self, topic: str, size: int, count: int = 1) -> None:

@@ -23,6 +23,7 @@ from ..errors import BrokerError, Failure
 from ..messaging.dead_letter import consumer_copy
 from ..messaging.producer import ProducerService, delay_level
 from ..names import check_group
+from ..services.clients import ClientInfo
 from ..services.timers import TIMER_KEYS
 from ..topics import DLQ_PREFIX, RETRY_PREFIX, SYSTEM_TOPICS
 
@@ -102,7 +103,8 @@ class SendProcessor:
                             reconsume_times=header.reconsumeTimes or 0, properties=props)
         self.producer.stamp(rec)
         if props.get(P.TRAN_MSG) == "true":
-            completion = self.producer.prepare_half(rec, header.producerGroup, channel)
+            completion = self.producer.prepare_half(rec, header.producerGroup, channel,
+                                                    sender=_sender(channel, cmd))
             return Deferred(completion, lambda value: self._half_response(cmd, queue_id, value[0], value[1].uniq))
         completion = self.producer.submit_message(rec)
         size = len(cmd.body)
@@ -191,7 +193,8 @@ class SendProcessor:
             half = MessageRecord(topic=topic, body=b"", queue_id=queue_id, sys_flag=header.sysFlag,
                                  born_timestamp=header.bornTimestamp, born_host=host, store_host=ctx.store_host,
                                  properties=outer)
-            result, state = await producer.prepare_half(half, header.producerGroup, channel, requests)
+            result, state = await producer.prepare_half(half, header.producerGroup, channel, requests,
+                                                        _sender(channel, cmd))
             return self._half_response(cmd, queue_id, result, state.uniq)
         results = await ctx.store.submit(PutMessages(requests))
         producer.stored(topic, sum(len(i.body) for i in items), len(items))
@@ -271,6 +274,11 @@ def _check_consumable(rec: MessageRecord, offset: int) -> None:
         raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
                           f"the record at offset {offset} is not a consumable message: only committed messages of a "
                           f"user topic can be sent back")
+
+
+def _sender(channel, cmd: RemotingCommand) -> ClientInfo:
+    """The producer a half came from, as its heartbeat would register it (its client id once it sent one)."""
+    return ClientInfo(channel.client_id or channel.remote, channel, cmd.language, cmd.version)
 
 
 def born_host(channel) -> str:

@@ -297,3 +297,23 @@ def test_check_immunity_is_capped_at_the_retention_age():
     from halfmq.broker.services.transaction import first_check_delay_ms
     assert first_check_delay_ms({P.CHECK_IMMUNITY_TIME_IN_SECONDS: "60"}, 6_000, 3_600_000) == 60_000
     assert first_check_delay_ms({P.CHECK_IMMUNITY_TIME_IN_SECONDS: str(10 ** 12)}, 6_000, 3_600_000) == 3_600_000
+
+
+async def test_a_half_sent_is_a_sign_of_life_of_its_group(broker_factory):
+    """Issue 23: a producer that reconnects after a broker restart sends before its next heartbeat (30 s later for
+    stock clients); the halves of its group that waited for a producer are checked with it at once."""
+    broker = await broker_factory(transactionTimeOut=20, transactionCheckInterval=3_600_000)
+    gone = await RawClient.connect(broker.addr)
+    _r, waiting = await send_half(gone)
+    gone.close()
+    await gone.closed.wait()
+    while waiting not in broker.ctx.check_back.waiting_for_producer.get(GROUP, ()):
+        await asyncio.wait_for(wait_for_pass(broker), 5)
+    back = await RawClient.connect(broker.addr)  # no heartbeat yet: only a half of the group
+    try:
+        await send_half(back, body=b"after the reconnection")
+        checked = set()
+        while str(waiting) not in checked:  # its own half's check comes too
+            checked.add((await asyncio.wait_for(back.incoming.get(), 5)).ext_fields["commitLogOffset"])
+    finally:
+        back.close()
