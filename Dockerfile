@@ -17,6 +17,7 @@ COPY pyproject.toml README.md ./
 COPY broker broker
 COPY protocol protocol
 COPY store store
+COPY transactions transactions
 COPY client client
 COPY pipeline pipeline
 COPY conf conf

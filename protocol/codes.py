@@ -117,6 +117,15 @@ FLAG_ONEWAY = 0x2
 BROKER_VERSION = 409
 
 
+class TransactionResolution(IntEnum):
+    """A producer's answer for a half (END_TRANSACTION's commitOrRollback; gRPC's TransactionResolution maps onto
+    it): the one definition of what a decision is."""
+
+    UNKNOWN = 0
+    COMMIT = 8
+    ROLLBACK = 12
+
+
 class SysFlag:
     """MessageSysFlag bits (reference §4.3)."""
 

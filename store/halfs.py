@@ -1,22 +1,17 @@
 """Half-message state: one typed record per half, keyed by the half record's commit-log offset.
 
 The row is msgpack of a dict with the field names below (the layout earlier versions wrote, so an existing store
-reads as it is). Only the transaction ops (txops.py) change it, inside the writer's transaction.
+reads as it is). Only the transaction ops (txops.py) change it, inside the writer's transaction, each as the
+transaction state machine (halfmq.transactions) allows.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 from operator import attrgetter
 
 import msgpack
 
-
-class HalfStatus(str, Enum):
-    PREPARED = "PREPARED"
-    COMMITTED = "COMMITTED"
-    ROLLED_BACK = "ROLLED_BACK"
-    DISCARDED = "DISCARDED"
+from halfmq.transactions import HalfStatus
 
 
 @dataclass(slots=True)
@@ -37,7 +32,7 @@ class HalfState:
     waiting: bool = False           #: no live producer at the last check: waits for one to register
     last_check_ts: int | None = None
     decided_ts: int | None = None
-    decided_by: str | None = None   #: "producer", "check" or "discard"
+    decided_by: str | None = None   #: a transactions.Decider value
     committed_offset: int | None = None
     discarded_offset: int | None = None
     batch: int | None = None        #: a batch half: how many messages its body holds (records, committed together)

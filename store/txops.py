@@ -1,4 +1,5 @@
-"""Transaction ops: every transition of a half message (ARCHITECTURE.md "Transaction state machine").
+"""Transaction ops: every transition of a half message, each as the state machine's table allows it
+(halfmq.transactions: ``transition``; ARCHITECTURE.md "Transaction state machine").
 
 PREPARED → COMMITTED | ROLLED_BACK | DISCARDED, and DISCARDED → PREPARED by a resume. Each transition is one op,
 applied in one LMDB write transaction: a commit writes the real-topic record, its consume-queue entry and the
@@ -21,6 +22,8 @@ from halfmq.protocol.properties import decode_properties
 
 from .context import WriteContext
 from .errors import CorruptRecordError, HalfConflictError, HalfMismatchError, HalfNotFoundError
+from halfmq.transactions import Decider, Effect, Event, transition
+
 from .halfs import STATUSES, HalfState, HalfStatus
 from .ops import Op
 from .requests import PutRequest, PutResult, message_request, record_request
@@ -90,6 +93,7 @@ class PrepareHalf(Op):
         for keys in (state.keys, *self.batch_keys):
             wctx.check_message(PutRequest(state.topic, state.queue_id, self.request.record, keys=keys))
         result = wctx.put_message(self.request)
+        state.status = transition(None, Event.PREPARE).to
         state.queue_offset, state.store_ts, state.size = result.queue_offset, result.store_timestamp, result.size
         state.due = result.store_timestamp + self.delay_ms
         wctx.put_half(result.physical_offset, state)
@@ -119,11 +123,12 @@ class DecideHalf(Op):
             raise HalfMismatchError("The producer group wrong")
         if state.queue_offset != self.queue_offset:
             raise HalfMismatchError("The transaction state table offset wrong")
-        wanted = HalfStatus.COMMITTED if self.commit else HalfStatus.ROLLED_BACK
         current = state.status
-        if current is wanted:
+        move = transition(current, Event.COMMIT if self.commit else Event.ROLLBACK)
+        if move.effect is Effect.REPEAT:
             return Decision(state, False, current)
-        if current is HalfStatus.COMMITTED or (self.commit and current is not HalfStatus.PREPARED):
+        if move.effect is Effect.REFUSE:
+            wanted = HalfStatus.COMMITTED if self.commit else HalfStatus.ROLLED_BACK
             raise HalfConflictError(f"the transaction is already {current.value}; {wanted.value} refused")
         committed = None
         if self.commit:
@@ -135,9 +140,9 @@ class DecideHalf(Op):
             state.committed_offset = committed.physical_offset
         if current is HalfStatus.PREPARED:
             wctx.remove_due(state.due, offset)
-        state.status = wanted
+        state.status = move.to
         state.decided_ts = wctx.now_ms
-        state.decided_by = "check" if self.from_check else "producer"
+        state.decided_by = (Decider.CHECK if self.from_check else Decider.PRODUCER).value
         wctx.put_half(offset, state)
         return Decision(state, True, current, committed)
 
@@ -164,7 +169,8 @@ class RescheduleChecks(Op):
 
     def _reschedule(self, wctx: WriteContext, offset: int, checks: int | None) -> None:
         state = wctx.get_half(offset)
-        if state is None or not state.pending:
+        event = Event.NO_PRODUCER if checks is None else Event.CHECK_SENT
+        if state is None or transition(state.status, event).effect is Effect.REFUSE:
             return  # decided meanwhile: its index entry is already gone
         wctx.remove_due(state.due, offset)
         if checks is not None:
@@ -188,7 +194,7 @@ class MakeDue(Op):
         earliest = None
         for offset in self.offsets:
             state = wctx.get_half(offset)
-            if state is None or not state.pending:
+            if state is None or transition(state.status, Event.PRODUCER_SEEN).effect is Effect.REFUSE:
                 continue
             wctx.remove_due(state.due, offset)
             state.due, state.waiting = wctx.now_ms, False
@@ -219,7 +225,10 @@ class DiscardHalf(Op):
     def apply(self, wctx: WriteContext) -> HalfState | None:
         offset = self.half_offset
         state = wctx.get_half(offset)
-        if state is None or not state.pending:
+        if state is None:
+            return None
+        move = transition(state.status, Event.DISCARD)
+        if move.effect is Effect.REFUSE:
             return None
         if self.max_age_ms is None:
             if state.checks < self.max_checks:
@@ -231,7 +240,7 @@ class DiscardHalf(Op):
         rec.properties[P.TRANSACTION_CHECK_TIMES] = str(state.checks)
         result = wctx.put_message(message_request(rec))
         wctx.remove_due(state.due, offset)
-        state.status, state.decided_ts, state.decided_by = HalfStatus.DISCARDED, wctx.now_ms, "discard"
+        state.status, state.decided_ts, state.decided_by = move.to, wctx.now_ms, Decider.DISCARD.value
         state.discarded_offset = result.physical_offset
         wctx.put_half(offset, state)
         return state
@@ -250,11 +259,12 @@ class ResumeHalf(Op):
         if state is None:
             raise HalfNotFoundError(f"no half message at offset {offset}")
         before = state.status
-        if before not in (HalfStatus.PREPARED, HalfStatus.DISCARDED):
+        move = transition(before, Event.RESUME)
+        if move.effect is Effect.REFUSE:
             raise HalfConflictError(f"the transaction is already {before.value}")
         if before is HalfStatus.PREPARED:
             wctx.remove_due(state.due, offset)
-        state.status, state.checks, state.due, state.waiting = HalfStatus.PREPARED, 0, wctx.now_ms, False
+        state.status, state.checks, state.due, state.waiting = move.to, 0, wctx.now_ms, False
         state.decided_ts = state.decided_by = None
         wctx.put_half(offset, state)
         wctx.add_due(state.due, offset)

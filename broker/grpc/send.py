@@ -11,8 +11,8 @@ from __future__ import annotations
 import zlib
 
 from halfmq.protocol import properties as P
+from halfmq.protocol.codes import TransactionResolution as Resolution
 
-from ..services.transaction import COMMIT, ROLLBACK
 from .auth import PUB, TOPIC, Caller, require
 from .convert import peer_host, to_record
 from .group_commit import GroupCommit
@@ -20,6 +20,11 @@ from .route import checked_topic
 from .schema import Code, TransactionResolution, TransactionSource, pb
 from .sessions import parse_transaction_id, transaction_group, transaction_id
 from .status import GrpcError, ok, status_for
+
+
+#: gRPC's TransactionResolution onto the broker's (UNKNOWN is not an answer EndTransaction may give)
+_RESOLUTIONS = {TransactionResolution["COMMIT"]: Resolution.COMMIT,
+                TransactionResolution["ROLLBACK"]: Resolution.ROLLBACK}
 
 
 def fifo_queue(message_group: str, queues: int) -> int:
@@ -97,12 +102,8 @@ class SendService:
         if place is None:
             raise GrpcError(Code["INVALID_TRANSACTION_ID"], f"{request.transaction_id!r} is not a transaction id "
                                                             f"this broker gave")
-        resolution = request.resolution
-        if resolution == TransactionResolution["COMMIT"]:
-            decision = COMMIT
-        elif resolution == TransactionResolution["ROLLBACK"]:
-            decision = ROLLBACK
-        else:
+        decision = _RESOLUTIONS.get(request.resolution)
+        if decision is None:
             raise GrpcError(Code["BAD_REQUEST"], "the resolution must be COMMIT or ROLLBACK")
         self.sessions.get(caller.client_id)
         half_offset, queue_offset = place

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 
-from halfmq.protocol.codes import RequestCode, ResponseCode
+from halfmq.protocol.codes import RequestCode, ResponseCode, TransactionResolution
 from halfmq.protocol.command import RemotingCommand
 from halfmq.protocol.errors import HeaderError
 from halfmq.protocol.headers import EndTransactionRequestHeader, ResumeCheckHalfMessageRequestHeader
@@ -13,7 +13,6 @@ from ..context import BrokerContext
 from ..dispatch import Deferred
 from ..errors import BrokerError
 from ..names import check_group
-from ..services.transaction import COMMIT, ROLLBACK, UNKNOWN
 
 log = logging.getLogger(__name__)
 
@@ -38,16 +37,18 @@ class EndTransactionProcessor:
         half = self.ctx.store.get_half(h.commitLogOffset)
         if half is not None:  # (an unknown half is refused by decide, as it always was)
             self.ctx.acl.check_decision(cmd, half.topic)
-        if h.commitOrRollback not in (COMMIT, ROLLBACK, UNKNOWN):
-            raise HeaderError(f"commitOrRollback {h.commitOrRollback} is not 0, 8 or 12")
-        if h.commitOrRollback == UNKNOWN:
+        try:
+            decision = TransactionResolution(h.commitOrRollback)
+        except ValueError:
+            raise HeaderError(f"commitOrRollback {h.commitOrRollback} is not 0, 8 or 12") from None
+        if decision is TransactionResolution.UNKNOWN:
             # The half stays pending. The reference never answers UNKNOWN; a two-way request is answered here all
             # the same, so a client that waits for the reply is not left hanging until its timeout.
             log.debug("UNKNOW for half %d from %s (check=%s)", h.commitLogOffset, channel.remote,
                       h.fromTransactionCheck)
             return cmd.response(ResponseCode.SUCCESS, "the transaction stays pending")
         completion = self.ctx.transactions.decide(h.commitLogOffset, h.producerGroup, h.tranStateTableOffset,
-                                                  h.commitOrRollback, bool(h.fromTransactionCheck))
+                                                  decision, bool(h.fromTransactionCheck))
         return Deferred(completion, lambda _outcome: cmd.response(ResponseCode.SUCCESS))
 
     async def resume(self, channel, cmd: RemotingCommand) -> RemotingCommand:

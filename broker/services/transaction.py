@@ -11,7 +11,7 @@ import logging
 import weakref
 
 from halfmq.protocol import properties as P
-from halfmq.protocol.codes import SysFlag
+from halfmq.protocol.codes import SysFlag, TransactionResolution
 from halfmq.protocol.message import MessageRecord, encode_record
 from halfmq.store import HalfConflictError, HalfState, HalfStatus, PutRequest, record_request
 from halfmq.store.txops import DecideHalf, DiscardHalf, MakeDue, PrepareHalf, RescheduleChecks, ResumeHalf
@@ -19,8 +19,6 @@ from halfmq.store.txops import DecideHalf, DiscardHalf, MakeDue, PrepareHalf, Re
 from ..topics import CHECK_MAX_TIME_TOPIC, HALF_TOPIC
 
 log = logging.getLogger(__name__)
-
-COMMIT, ROLLBACK, UNKNOWN = 8, 12, 0
 
 
 def first_check_delay_ms(props: dict[str, str], timeout_ms: int, max_pending_ms: int) -> int:
@@ -106,7 +104,8 @@ class TransactionStates:
 
         return self._when_done(self.store.submit(PrepareHalf(request, state, delay, batch_keys)), prepared)
 
-    def decide(self, half_offset: int, group: str, queue_offset: int, decision: int, from_check: bool):
+    def decide(self, half_offset: int, group: str, queue_offset: int, decision: TransactionResolution,
+               from_check: bool):
         """COMMIT or ROLLBACK (reference §5.3) with the first-decision-wins guard. Value: a txops.Decision.
 
         Fails with HalfNotFoundError or HalfMismatchError (unknown half, wrong group or offset) or
@@ -125,9 +124,9 @@ class TransactionStates:
         def refused(exc) -> None:
             if isinstance(exc, HalfConflictError) and metrics is not None:
                 metrics.decision_conflict(group)
-            log.info("END_TRANSACTION %s for half %d refused: %s", decision, half_offset, exc)
+            log.info("END_TRANSACTION %s for half %d refused: %s", decision.name, half_offset, exc)
 
-        op = DecideHalf(half_offset, group, queue_offset, decision == COMMIT, from_check)
+        op = DecideHalf(half_offset, group, queue_offset, decision is TransactionResolution.COMMIT, from_check)
         return self._when_done(self.store.submit(op), decided, refused)
 
     def reschedule(self, attempts: dict[int, int], postponed: list[int], stale: list[tuple[int, int]],
