@@ -269,6 +269,10 @@ class _StateCollector:
         for (topic, group), value in totals.items():
             lag.add_metric([topic, group], value)
         yield lag
+        if ctx.check_back is not None:
+            yield CounterMetricFamily("halfmq_check_backs_poisoned", "Half messages discarded alone because no "
+                                      "check could be made of them (an undecodable record, say)",
+                                      value=ctx.check_back.poisoned)
         half = GaugeMetricFamily("rocketmq_half_messages", "Half messages not yet decided", labels=["topic"])
         for topic, value in list(self.metrics.half_open.items()):
             half.add_metric([topic], value)

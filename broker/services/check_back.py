@@ -155,6 +155,7 @@ class CheckBackService:
         stale: list[tuple[int, int]] = []
         to_discard: list[int] = []
         aged: list[int] = []
+        poisoned: list[int] = []  # discarded whatever their check count: checking them again cannot work
         rows = self.store.halves_with_records([offset for _due, offset in due])
         self._prune_last_checks()
         for (due_ms, offset), (state, raw) in zip(due, rows, strict=True):
@@ -176,7 +177,7 @@ class CheckBackService:
                 self.poisoned += 1
                 self._limited.log(logging.ERROR, "poison", "half message at %d of group %s is discarded: no "
                                   "check can be made of it (%s: %s)", offset, state.group, type(exc).__name__, exc)
-                to_discard.append(offset)
+                poisoned.append(offset)
                 continue
             if sent:
                 attempts[offset] = checks + 1
@@ -196,6 +197,7 @@ class CheckBackService:
         metrics = self.ctx.metrics
         discards = [self.states.discard(offset, self.max_checks) for offset in to_discard]  # one group
         discards += [self.states.discard(offset, self.max_checks, aged=True) for offset in aged]
+        discards += [self.states.discard(offset, 0) for offset in poisoned]
         for completion in discards:
             if await completion is not None:
                 self.discarded += 1

@@ -6,6 +6,7 @@ import logging
 
 from halfmq.protocol import properties as P
 from halfmq.protocol.codes import RequestCode, ResponseCode, SysFlag
+from halfmq.protocol.errors import MessageFormatError
 from halfmq.protocol.message import decode_record
 
 from tests.broker.test_transactions import send_half
@@ -51,3 +52,37 @@ async def test_a_half_too_large_for_its_check_count_is_checked_without_it_and_ot
         assert not [r for r in caplog.records if "check pass failed" in r.getMessage()]
     finally:
         producer.close()
+
+
+async def test_a_half_no_check_can_be_made_of_is_discarded_alone_and_counted(broker_factory, monkeypatch):
+    """A half that cannot be turned into a check at all (before: an undecodable compressed body shown to a gRPC
+    producer; no request can store one now, so the fault is injected) is discarded alone, resumable, and counted;
+    the other halves of the pass are checked."""
+    from tests.broker.test_metrics import scrape
+    broker = await broker_factory(transactionTimeOut=50, transactionCheckInterval=60_000, metricsPromExporterPort=0)
+    producer = await RawClient.connect(broker.addr)
+    try:
+        await producer.heartbeat("p", producer_groups=["PG_BAD", "PG_GOOD"])
+        _r, bad = await send_half(producer, group="PG_BAD")
+        _r, good = await send_half(producer, group="PG_GOOD")
+        service = broker.ctx.check_back
+        real = service._send_check
+
+        def send_check(channel, offset, state, raw):
+            if offset == bad:
+                raise MessageFormatError("injected: the half cannot be shown as a message")
+            return real(channel, offset, state, raw)
+
+        monkeypatch.setattr(service, "_send_check", send_check)
+        checks = await _checks(producer, 1)
+        assert set(checks) == {good}
+        while broker.store.get_half(bad).status.value != "DISCARDED":
+            await asyncio.wait_for(_next_pass(broker), 5)
+        assert (await scrape(broker))["halfmq_check_backs_poisoned_total"] == 1
+    finally:
+        producer.close()
+
+
+def _next_pass(broker) -> asyncio.Future:
+    from tests.broker.test_transactions import wait_for_pass
+    return wait_for_pass(broker)
