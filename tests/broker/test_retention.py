@@ -193,3 +193,35 @@ async def test_the_admin_cli_runs_a_retention_pass_and_declares_topic_types(brok
     assert (await admin_json(broker, "deleteExpiredCommitLog"))["deleted"] == 3
     await admin_json(broker, "updateTopic", "-t", "Fifo", "-a", "+message.type=FIFO")
     assert broker.ctx.topics.get("Fifo").message_type == "FIFO"
+
+
+async def test_halves_no_producer_answers_never_keep_the_store_refusing_sends(broker_factory):
+    """Issue 23: halves of a group with no producer were never discarded and never deleted, so a store they filled
+    refused every client's sends (14) for good. Now they are discarded at the retention age and deleted after it,
+    and sends are accepted again."""
+    from tests.broker.test_transactions import send_half
+    from tests.support.raw import RawClient
+    broker = await broker_factory(mapSize=1 << 20, maxMapSize=4 << 20, diskSpaceWarningLevelRatio=10,
+                                  diskMaxUsedSpaceRatio=95, transactionTimeOut=20, transactionCheckInterval=100,
+                                  **SHORT)
+    orphan = await RawClient.connect(broker.addr)
+    body = os.urandom(3000)
+    refused = None
+    for _ in range(1000):  # until the store is at its warning level: the halves fill it
+        answer = await orphan.send("Orphans", body, group="PG_GONE",
+                                   props={"TRAN_MSG": "true", "PGROUP": "PG_GONE"}, sys_flag=4)
+        if answer.code != ResponseCode.SUCCESS:
+            refused = answer.code
+            break
+        await broker.ctx.retention.run_pass()
+    orphan.close()
+    assert refused == ResponseCode.SERVICE_NOT_AVAILABLE
+    client = await RawClient.connect(broker.addr)
+    try:
+        deadline = time.monotonic() + 20
+        while (await client.send("Other", b"a plain send")).code != ResponseCode.SUCCESS:
+            assert time.monotonic() < deadline, "sends are still refused: the orphaned halves pin the store"
+            await outlive_retention(time.time())  # the halves age out, then their discarded copies
+            await broker.ctx.retention.run_pass()
+    finally:
+        client.close()
