@@ -147,6 +147,11 @@ class DecideHalf(Op):
         return Decision(state, True, current, committed)
 
 
+#: the statuses the table lets a check pass move (read once: a pass reschedules up to PASS_LIMIT halves)
+_CHECKABLE = frozenset(s for s in HalfStatus if transition(s, Event.CHECK_SENT).effect is Effect.APPLY)
+_WAITABLE = frozenset(s for s in HalfStatus if transition(s, Event.NO_PRODUCER).effect is Effect.APPLY)
+
+
 @dataclass(slots=True)
 class RescheduleChecks(Op):
     """After a check pass: halves checked (new check counts), halves waiting for a producer, and due-index
@@ -169,8 +174,7 @@ class RescheduleChecks(Op):
 
     def _reschedule(self, wctx: WriteContext, offset: int, checks: int | None) -> None:
         state = wctx.get_half(offset)
-        event = Event.NO_PRODUCER if checks is None else Event.CHECK_SENT
-        if state is None or transition(state.status, event).effect is Effect.REFUSE:
+        if state is None or state.status not in (_CHECKABLE if checks is not None else _WAITABLE):
             return  # decided meanwhile: its index entry is already gone
         wctx.remove_due(state.due, offset)
         if checks is not None:

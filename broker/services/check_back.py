@@ -155,6 +155,7 @@ class CheckBackService:
         stale: list[tuple[int, int]] = []
         to_discard: list[int] = []
         aged: list[int] = []
+        aged_before = now - self.states.max_pending_ms
         poisoned: list[int] = []  # discarded whatever their check count: checking them again cannot work
         rows = self.store.halves_with_records([offset for _due, offset in due])
         self._prune_last_checks()
@@ -183,7 +184,7 @@ class CheckBackService:
                 attempts[offset] = checks + 1
                 self._last_check[offset] = (weakref.ref(channel), time.monotonic())
                 self.checks_sent += 1
-            elif now - pending_since(state) >= self.states.max_pending_ms:
+            elif pending_since(state) <= aged_before:
                 aged.append(offset)  # nobody answered it for the retention age: it must not pin the store
             else:
                 self.waiting_for_producer.setdefault(state.group, set()).add(offset)
