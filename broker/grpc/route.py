@@ -14,7 +14,7 @@ import logging
 from halfmq.protocol.codes import Perm
 
 from ..names import check_group, validate_topic_name
-from ..topics import DEFAULT_TOPIC, SEND_FORBIDDEN
+from ..topics import SEND_FORBIDDEN
 from .auth import GROUP, PUB, SUB, TOPIC, Caller, authenticate, may_publish, require
 from .schema import AddressScheme, ClientType, Code, MessageType, Permission, pb
 from .status import GrpcError, ok, status_for
@@ -65,10 +65,11 @@ def checked_group(resource) -> str:
 
 
 class RouteService:
-    def __init__(self, endpoint):
+    def __init__(self, endpoint, producer):
         self.endpoint = endpoint
         self.ctx = endpoint.ctx
         self.sessions = endpoint.sessions
+        self.producer = producer
 
     def endpoints(self):
         """This gRPC endpoint as routes advertise it (brokerIP1 or the bound address, and the gRPC port)."""
@@ -94,13 +95,6 @@ class RouteService:
         mq.accept_message_types.extend(accepted_types(config))
         return mq
 
-    async def topic_config(self, topic: str):
-        """The topic's config, auto-creating it as a remoting send would (autoCreateTopicEnable, quotas)."""
-        config = self.ctx.topics.get(topic)
-        if config is None:
-            config = await self.ctx.topics.ensure_for_send(topic, DEFAULT_TOPIC, 0)
-        return config
-
     async def query_route(self, request, caller: Caller):
         topic = checked_topic(request.topic)
         publisher = topic not in SEND_FORBIDDEN and may_publish(caller, topic)
@@ -110,7 +104,7 @@ class RouteService:
         if config is None:
             if not publisher:  # only a sender may create a topic, as a remoting send would
                 raise GrpcError(Code["TOPIC_NOT_FOUND"], f"topic {topic} does not exist")
-            config = await self.topic_config(topic)
+            config = await self.producer.topic_for_send(topic)
         response = pb.QueryRouteResponse(status=ok())
         for queue_id in range(config.queue_nums):
             response.message_queues.append(self.message_queue(config, queue_id, request.topic.resource_namespace))

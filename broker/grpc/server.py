@@ -44,7 +44,7 @@ class GrpcEndpoint:
         self.port = 0
         self.addr = ""
         self.sessions = Sessions(ctx)
-        self.route = RouteService(self)
+        self.route = RouteService(self, producer)
         self.send = SendService(self, producer)
         self.receive = ReceiveService(self, consumer)
         self._server: grpc.aio.Server | None = None
