@@ -623,6 +623,19 @@ async def good_grpc_client(endpoint: str, duration: float, inflight: int) -> tup
             if stats.errors < 4:
                 print(f"  {stats.name} error: {what}", flush=True)
 
+        async def timed(call, request, stats: Stats) -> None:
+            """One unary call, its latency recorded when it answers OK, an error otherwise."""
+            t0 = time.perf_counter()
+            try:
+                answer = await call(request, metadata=meta, timeout=10)
+            except grpc.RpcError as exc:
+                failed(stats, repr(exc))
+                return
+            if answer.status.code != Code["OK"]:
+                failed(stats, answer.status)
+            else:
+                stats.record(time.perf_counter() - t0)
+
         async def sender():
             n = 0
             while time.perf_counter() < deadline:
@@ -632,15 +645,7 @@ async def good_grpc_client(endpoint: str, duration: float, inflight: int) -> tup
                 msg.system_properties.message_type = MessageType["NORMAL"]
                 msg.system_properties.body_encoding = Encoding["IDENTITY"]
                 data = pb.SendMessageRequest(messages=[msg]).SerializeToString()
-                t0 = time.perf_counter()
-                try:
-                    answer = await send(data, metadata=meta, timeout=10)
-                    if answer.status.code != Code["OK"]:
-                        failed(sends, answer.status)
-                    else:
-                        sends.record(time.perf_counter() - t0)
-                except grpc.RpcError as exc:
-                    failed(sends, repr(exc))
+                await timed(send, data, sends)
 
         async def receiver():
             while time.perf_counter() < deadline:
@@ -660,16 +665,8 @@ async def good_grpc_client(endpoint: str, duration: float, inflight: int) -> tup
                            for a in answers if a.HasField("message")]
                 if not handles:
                     continue
-                t0 = time.perf_counter()
-                try:
-                    answer = await ack(pb.AckMessageRequest(group=request.group, topic=request.message_queue.topic,
-                                                            entries=handles), metadata=meta, timeout=10)
-                    if answer.status.code != Code["OK"]:
-                        failed(acks, answer.status)
-                    else:
-                        acks.record(time.perf_counter() - t0)
-                except grpc.RpcError as exc:
-                    failed(acks, repr(exc))
+                await timed(ack, pb.AckMessageRequest(group=request.group, topic=request.message_queue.topic,
+                                                      entries=handles), acks)
 
         await asyncio.gather(*(sender() for _ in range(inflight // 2)),
                              *(receiver() for _ in range(inflight - inflight // 2)))
