@@ -257,6 +257,40 @@ def rewrite_record(buf: bytes, topic: str, queue_id: int, properties_text: str,
     return out
 
 
+def rewritten_size(buf, topic: str) -> int:
+    """The size of ``rewrite_record(buf, topic, ...)`` with ``buf``'s own property string, computed without
+    building it.
+
+    Raises:
+        MessageFormatError: ``buf`` is not a well-formed record.
+    """
+    return len(buf) - _topic_field_size(record_place(buf).topic.encode()) + _topic_field_size(topic.encode())
+
+
+def _topic_field_size(topic: bytes) -> int:
+    return len(topic) + (2 if len(topic) > 127 else 1)
+
+
+def body_records(buf) -> list[tuple[int, int]]:
+    """(start, size) of each record a record's body holds (a batch half's body), as positions in ``buf``.
+
+    Raises:
+        MessageFormatError: the body is not a concatenation of whole records.
+    """
+    body = record_body(buf)
+    start = _body_length_pos(buf) + 4
+    spans, pos, end = [], 0, len(body)
+    while pos < end:
+        if end - pos < 4:
+            raise MessageFormatError(f"{end - pos} bytes after the last record at {pos}")
+        (size,) = _I32.unpack_from(body, pos)
+        if size < BORN_HOST_POS or pos + size > end:
+            raise MessageFormatError(f"the record at {pos} claims {size} bytes; {end - pos} remain")
+        spans.append((start + pos, size))
+        pos += size
+    return spans
+
+
 def body_crc_matches(buf) -> bool:
     """Whether the record's stored body CRC matches its body (False too for a record too short to hold one)."""
     try:

@@ -4,17 +4,18 @@
     python scripts/bench.py consumer    --spawn-broker --messages 300000
     python scripts/bench.py transaction --spawn-broker --unknown 0.1 --rollback 0.1 --check-timeout 1000
     python scripts/bench.py compare     --spawn-broker   # plain vs transactional sends, same run
-    python scripts/bench.py alternate   --trees /tmp/base . --rounds 3   # producer runs of two checkouts, in turn
+    python scripts/bench.py alternate   --trees /tmp/base . --rounds 3   # sends and transactions of two checkouts
 
 Prints TPS and RT p50/p99/max every few seconds and a SUMMARY line at the end. With --spawn-broker a broker
 is started in a subprocess on free ports over a temporary store (SYNC_FLUSH unless --async-flush), removed when
 the benchmark ends (also on an error or Ctrl-C). Filling and draining phases print their progress every second.
 
-``alternate`` runs ``producer --spawn-broker`` of each checkout in turn (each with its own .venv when it has one),
-``--rounds`` times, and prints each run's TPS and CPU per message of the client, the broker and the broker's
+``alternate`` runs ``producer --spawn-broker`` and ``transaction --spawn-broker`` (every transaction committed;
+``--what`` picks one) of each checkout in turn (each with its own .venv when it has one), ``--rounds`` times, and
+prints each run's TPS, p50/p99 and CPU per message (per transaction) of the client, the broker and the broker's
 helper processes (the store's writer), read from /proc between the run's first and last progress lines: on a busy
-machine TPS swings, CPU per message much less. It ends with each checkout's median TPS and CPU and their ratio to
-the first checkout.
+machine TPS swings, CPU per message much less. It ends with each checkout's median TPS, latency and CPU, their
+ratio to the first checkout, and each checkout's transactions/s over its sends/s.
 """
 from __future__ import annotations
 
@@ -348,7 +349,7 @@ async def run_transaction(args, namesrv: str, metrics_addr: str | None, name: st
 
 
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-PROGRESS = re.compile(r"\[producer\] tps=([\d,]+)")
+PROGRESS = re.compile(r"\[(?:producer|transaction)\] tps=([\d,]+)")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -383,15 +384,18 @@ def cpu_sample(client: int) -> dict[str, float]:
             "helpers": sum(cpu_seconds(h) for b in brokers for h in child_pids(b))}
 
 
-def producer_run(tree: str, args) -> dict:
-    """One ``producer --spawn-broker`` run of checkout ``tree``: its TPS and CPU microseconds per message."""
+def load_run(tree: str, what: str, args) -> dict:
+    """One ``producer`` or ``transaction`` (all commits) ``--spawn-broker`` run of checkout ``tree``: its TPS,
+    p50/p99 and CPU microseconds per message (or per transaction) of the client, the broker and its writer."""
     tree = os.path.abspath(tree)
     python = os.path.join(tree, ".venv", "bin", "python")
     cmd = [python if os.path.exists(python) else sys.executable, os.path.join(tree, "scripts", "bench.py"),
-           "producer", "--spawn-broker", f"--duration={args.duration}", f"--size={args.size}",
+           what, "--spawn-broker", f"--duration={args.duration}", f"--size={args.size}",
            f"--inflight={args.inflight}"]
+    if what == "transaction":
+        cmd += ["--unknown=0", "--rollback=0"]
     first = last = None
-    messages, tps = 0, None
+    messages, summary = 0, None
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=tree) as proc:
         for line in proc.stdout:
             match = PROGRESS.match(line)
@@ -403,28 +407,39 @@ def producer_run(tree: str, args) -> dict:
                     messages += int(match.group(1).replace(",", "")) * 3  # a progress line covers 3 s
                     last = sample
             elif line.startswith("SUMMARY"):
-                tps = float(re.search(r"tps=([\d,]+)", line).group(1).replace(",", ""))
-    if proc.returncode or tps is None or last is None:
-        raise SystemExit(f"the producer run of {tree} failed (exit {proc.returncode}); run it alone to see why")
+                summary = {k: float(v.replace(",", "")) for k, v in re.findall(r" (tps|p50_ms|p99_ms)=([\d.,]+)", line)}
+    if proc.returncode or summary is None or last is None or not messages:
+        raise SystemExit(f"the {what} run of {tree} failed (exit {proc.returncode}); run it alone to see why")
     cpu = {k: (last[k] - first[k]) / messages * 1e6 for k in first}
-    return {"tps": tps, **cpu, "server": cpu["broker"] + cpu["helpers"]}
+    return {**summary, **cpu, "server": cpu["broker"] + cpu["helpers"]}
 
 
 def alternate(args) -> None:
-    runs: dict[str, list[dict]] = {tree: [] for tree in args.trees}
+    """Sends, then transactions, of each checkout in turn, ``--rounds`` times (``--what`` picks one of them)."""
+    kinds = ["producer", "transaction"] if args.what == "both" else [args.what]
+    runs: dict[tuple[str, str], list[dict]] = {(tree, kind): [] for tree in args.trees for kind in kinds}
     for round_no in range(1, args.rounds + 1):
         for tree in args.trees:
-            run = producer_run(tree, args)
-            runs[tree].append(run)
-            print(f"[round {round_no}] {tree}: tps={run['tps']:,.0f} cpu_us_per_msg client={run['client']:.1f} "
-                  f"broker={run['broker']:.1f} writer={run['helpers']:.1f} server={run['server']:.1f}", flush=True)
-    median = {tree: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for tree, rs in runs.items()}
-    base = median[args.trees[0]]
-    for tree, m in median.items():
-        print(f"SUMMARY mode=alternate tree={tree} rounds={args.rounds} median_tps={m['tps']:,.0f} "
-              f"tps_ratio={m['tps'] / base['tps']:.2f} median_server_cpu_us={m['server']:.1f} "
-              f"server_cpu_ratio={m['server'] / base['server']:.2f} median_broker_cpu_us={m['broker']:.1f} "
-              f"median_writer_cpu_us={m['helpers']:.1f} median_client_cpu_us={m['client']:.1f}", flush=True)
+            for kind in kinds:
+                run = load_run(tree, kind, args)
+                runs[(tree, kind)].append(run)
+                print(f"[round {round_no}] {tree} {kind}: tps={run['tps']:,.0f} p50_ms={run['p50_ms']:.2f} "
+                      f"p99_ms={run['p99_ms']:.2f} cpu_us_per_msg client={run['client']:.1f} "
+                      f"broker={run['broker']:.1f} writer={run['helpers']:.1f} server={run['server']:.1f}",
+                      flush=True)
+    median = {key: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for key, rs in runs.items()}
+    for kind in kinds:
+        base = median[(args.trees[0], kind)]
+        for tree in args.trees:
+            m = median[(tree, kind)]
+            extra = ""
+            if kind == "transaction" and "producer" in kinds:
+                extra = f" tx_plain_ratio={m['tps'] / median[(tree, 'producer')]['tps']:.2f}"
+            print(f"SUMMARY mode=alternate kind={kind} tree={tree} rounds={args.rounds} median_tps={m['tps']:,.0f} "
+                  f"tps_ratio={m['tps'] / base['tps']:.2f}{extra} p50_ms={m['p50_ms']:.2f} p99_ms={m['p99_ms']:.2f} "
+                  f"median_server_cpu_us={m['server']:.1f} server_cpu_ratio={m['server'] / base['server']:.2f} "
+                  f"median_broker_cpu_us={m['broker']:.1f} median_writer_cpu_us={m['helpers']:.1f} "
+                  f"median_client_cpu_us={m['client']:.1f}", flush=True)
 
 
 async def main_async(args) -> None:
@@ -457,6 +472,8 @@ def main() -> None:
     parser.add_argument("--trees", nargs="+", default=[str(Path(__file__).resolve().parents[1])],
                         help="alternate mode: checkouts to run in turn (the first is the reference)")
     parser.add_argument("--rounds", type=int, default=3, help="alternate mode: runs of each checkout")
+    parser.add_argument("--what", choices=["both", "producer", "transaction"], default="both",
+                        help="alternate mode: sends, transactions (all commits), or both")
     parser.add_argument("--namesrv", default="127.0.0.1:9876")
     parser.add_argument("--spawn-broker", action="store_true")
     parser.add_argument("--async-flush", action="store_true")

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from halfmq.protocol.message import stamp_record
 
+from .committed import pack_marker
 from .errors import InvalidWriteError
 from .halfs import HalfState
 from .keys import CQ_VALUE, DELETED_TOPICS_KEY, DUE_KEY, QUEUE_KEY, TOPIC_ID, U64, offset_key
@@ -95,19 +96,37 @@ class WriteContext:
         fields as a plain tuple: a send's outcome goes back to the broker, and pickling a named tuple runs Python
         per result (0.86 us against 0.12 us a plain tuple)."""
         self._check_names(topic, keys)
+        counters = self.counters
+        physical = counters.next_physical
+        queue_offset = counters.queue_max.get((topic, queue_id), 0) if index else 0
+        stamp_record(record, queue_offset, physical, self.now_ms)
+        self._append(topic, queue_id, record, len(record), tags_code, index, keys, queue_offset)
+        return physical, queue_offset, self.now_ms, len(record)
+
+    def put_committed(self, topic: str, queue_id: int, half_offset: int, part: tuple[int, int], size: int,
+                      tags_code: int, keys: str | None) -> tuple[int, int, int, int]:
+        """A committed half's message, made visible without copying it: a commit marker (store/committed.py)
+        naming the half record at ``half_offset`` (``part``: which record of a batch half's body, (0, 0): the
+        whole half), with a queue entry and KEYS entries for the ``size`` bytes it reads as. Its names and KEYS
+        were checked when the half was prepared. Same value as put_fields."""
+        counters = self.counters
+        physical = counters.next_physical
+        queue_offset = counters.queue_max.get((topic, queue_id), 0)
+        marker = pack_marker(half_offset, part, topic, queue_id, queue_offset, self.now_ms)
+        self._append(topic, queue_id, marker, size, tags_code, True, keys, queue_offset)
+        return physical, queue_offset, self.now_ms, size
+
+    def _append(self, topic: str, queue_id: int, stored: bytes, size: int, tags_code: int, index: bool,
+                keys: str | None, queue_offset: int) -> None:
+        """Buffer ``stored`` at the commit log's end, its queue entry (for ``size`` bytes) and its KEYS entries."""
         self.writes += 1
         counters = self.counters
         physical = counters.next_physical
-        queue_offset = 0
-        if index:
-            key = (topic, queue_id)
-            queue_offset = counters.queue_max.get(key, 0)
-        stamp_record(record, queue_offset, physical, self.now_ms)
-        size = len(record)
         if not self._records:
             self._first_buffered = physical
-        self._records.append((U64.pack(physical), record))
+        self._records.append((U64.pack(physical), stored))
         if index:
+            key = (topic, queue_id)
             tid = self._topic_id(topic)
             self._entries.append((QUEUE_KEY.pack(tid, queue_id, queue_offset),
                                   CQ_VALUE.pack(physical, size, tags_code, self.now_ms)))
@@ -117,8 +136,7 @@ class WriteContext:
             keys_db, encoded = self.dbs["keys"], topic.encode()
             for key in keys.split():
                 self.txn.put(key_index_key(encoded, key, physical), b"", db=keys_db)
-        counters.next_physical = physical + size
-        return physical, queue_offset, self.now_ms, size
+        counters.next_physical = physical + len(stored)
 
     def read_record(self, physical_offset: int) -> bytes | None:
         if self._records and physical_offset >= self._first_buffered:

@@ -36,6 +36,7 @@ class HalfState:
     committed_offset: int | None = None
     discarded_offset: int | None = None
     batch: int | None = None        #: a batch half: how many messages its body holds (records, committed together)
+    committed_last: int | None = None  #: a committed batch half: its last message's commit-log offset
 
     @property
     def pending(self) -> bool:

@@ -5,8 +5,9 @@ at most ``max_records`` records, so it never holds the writer, and the sends gro
 broker's RetentionService submits slice after slice.
 
 What retention never deletes:
-- the record of a half message still PREPARED (its check and its commit read it), and of a DISCARDED one until
-  ``keep_discarded_ms`` after the discard (a resume needs it);
+- the record of a half message still PREPARED (its check and its commit read it), of a DISCARDED one until
+  ``keep_discarded_ms`` after the discard (a resume needs it), and of a COMMITTED one while a commit marker of it
+  is held (its messages are read from it: store/committed.py);
 - a delayed message its level has not delivered yet (at or past the level's progress in the meta table), and a
   timer message not delivered yet (its entry in the timers table).
 A queue with such a record keeps its consume-queue entries from that record on: queues never get holes (readers
@@ -22,9 +23,9 @@ from dataclasses import dataclass, field
 import msgpack
 
 from halfmq.protocol.errors import MessageFormatError
-from halfmq.protocol.message import record_place
 from halfmq.protocol.properties import KEYS, TIMER_OUT_MS, decode_properties
 
+from .committed import is_marker, place as stored_place
 from .context import WriteContext, key_index_key
 from .halfs import HalfState, HalfStatus
 from .keys import CQ_VALUE, DELETED_TOPICS_KEY, DUE_KEY, QUEUE_KEY, QUEUE_PREFIX, U64, parse_offset_key
@@ -102,7 +103,7 @@ class Expire(Op):
             raw = cur.value()
             examined += 1
             try:
-                place = record_place(raw)
+                place = stored_place(txn.get, dbs["commitlog"], physical, raw)
             except MessageFormatError:
                 place = None  # an unreadable record has no queue entry or key we could find: it just goes
             if place is not None and place.store_timestamp >= self.before_ms:
@@ -134,6 +135,10 @@ class Expire(Op):
             if raw is None:
                 return False
             state = HalfState.from_bytes(raw)
+            if state.status is HalfStatus.COMMITTED:  # its messages are read from it while a marker is held
+                last = state.committed_last if state.committed_last is not None else state.committed_offset
+                marker = None if last is None else wctx.txn.get(U64.pack(last), db=wctx.dbs["commitlog"])
+                return marker is not None and is_marker(marker)
             return state.pending or (state.status is HalfStatus.DISCARDED
                                      and (state.decided_ts or 0) + protected.keep_discarded_ms > wctx.now_ms)
         if place.topic == protected.schedule_topic:
@@ -272,11 +277,11 @@ class PurgeTopics(Op):
             txn.delete(key, db=dbs["cq"])
             if raw is None:
                 continue
-            txn.delete(U64.pack(physical), db=dbs["commitlog"])
             try:
-                props = record_place(raw).properties_text
+                props = stored_place(txn.get, dbs["commitlog"], physical, raw).properties_text
             except MessageFormatError:
-                continue
+                props = ""
+            txn.delete(U64.pack(physical), db=dbs["commitlog"])
             if _KEYS_MARK in props:
                 for k in (decode_properties(props).get(KEYS) or "").split():
                     txn.delete(key_index_key(topic_bytes, k, physical), db=dbs["keys"])

@@ -22,8 +22,9 @@ import lmdb
 import msgpack
 
 from halfmq.protocol.errors import MessageFormatError
-from halfmq.protocol.message import body_crc_matches, record_place
+from halfmq.protocol.message import body_crc_matches
 
+from .committed import MARKER_MAGIC_BYTES, place, resolve
 from .completion import Completion
 from .config import StoreConfig
 from .errors import CorruptRecordError, CorruptStoreError, StoreClosedError, StoreFullError
@@ -137,7 +138,11 @@ class MessageStore:
             end = max(U64.unpack(cur.key())[0] + len(cur.value()) if found else 0, log_end(txn, self.dbs))
             while found and checked < START_CHECK_RECORDS:
                 offset = U64.unpack(cur.key())[0]
-                if not body_crc_matches(cur.value()):
+                try:
+                    record = resolve(txn.get, self.dbs["commitlog"], offset, cur.value())
+                except MessageFormatError:
+                    record = b""
+                if record is not None and not body_crc_matches(record):
                     raise CorruptStoreError(f"the store at {self.path} is corrupted: the message at commit-log "
                                             f"offset {offset} fails its body CRC check; restore it from a backup "
                                             "(or move it aside to start empty)")
@@ -287,21 +292,26 @@ class MessageStore:
         Raises:
             CorruptRecordError: it fails its body CRC check.
         """
-        with self.env.begin(buffers=False) as txn:
-            raw = txn.get(U64.pack(physical_offset), db=self.dbs["commitlog"])
-        if raw is not None and not body_crc_matches(raw):
-            raise self._corrupt(physical_offset, "read by offset")
-        return raw
+        found = self.read_records([physical_offset]) if physical_offset >= 0 else None
+        return found[0] if found else None
 
     def read_records(self, physical_offsets: list[int]) -> list[bytes]:
-        """Records that exist, each checked (raises CorruptRecordError)."""
+        """Records that exist, each checked (raises CorruptRecordError); a committed half's message is read as
+        its record (store/committed.py)."""
         with self.env.begin(buffers=False) as txn:
-            db = self.dbs["commitlog"]
-            raws = [(p, txn.get(U64.pack(p), db=db)) for p in physical_offsets]
+            get, db = txn.get, self.dbs["commitlog"]
+            raws = [(p, self._resolved(get, db, p, get(U64.pack(p), db=db))) for p in physical_offsets]
         for p, raw in raws:
             if raw is not None and not body_crc_matches(raw):
                 raise self._corrupt(p, "read by offset")
         return [raw for _p, raw in raws if raw is not None]
+
+    def _resolved(self, get, log_db, physical_offset: int, raw):
+        """committed.resolve, a marker whose half record cannot be read counting as a corrupt record."""
+        try:
+            return resolve(get, log_db, physical_offset, raw)
+        except MessageFormatError:
+            raise self._corrupt(physical_offset, "committed half message") from None
 
     def max_offset(self, topic: str, queue_id: int) -> int:
         return self.queue_max.get((topic, queue_id), 0)
@@ -356,7 +366,7 @@ class MessageStore:
             if not cur.set_key(QUEUE_KEY.pack(tid, queue_id, next_offset)):
                 return records, start_offset
             get, log_db, unpack_entry, pack_offset = txn.get, self.dbs["commitlog"], CQ_VALUE.unpack, U64.pack
-            crc_ok = body_crc_matches
+            crc_ok, marker_magic = body_crc_matches, MARKER_MAGIC_BYTES
             for value in cur.iternext(keys=False):
                 if next_offset >= stop:
                     break
@@ -367,6 +377,8 @@ class MessageStore:
                 if records and total + size > max_bytes:
                     break
                 raw = get(pack_offset(physical), db=log_db)
+                if raw is not None and raw[4:8] == marker_magic:
+                    raw = self._resolved(get, log_db, physical, raw)
                 if raw is None:
                     next_offset += 1
                     continue
@@ -559,7 +571,7 @@ class MessageStore:
             found = cur.first()
             while found:
                 try:
-                    return record_place(cur.value()).store_timestamp
+                    return place(txn.get, self.dbs["commitlog"], U64.unpack(cur.key())[0], cur.value()).store_timestamp
                 except MessageFormatError:
                     found = cur.next()  # an unreadable record tells no time: the next one does
         return None

@@ -2,13 +2,14 @@
 (halfmq.transactions: ``transition``; ARCHITECTURE.md "Transaction state machine").
 
 PREPARED → COMMITTED | ROLLED_BACK | DISCARDED, and DISCARDED → PREPARED by a resume. Each transition is one op,
-applied in one LMDB write transaction: a commit writes the real-topic record, its consume-queue entry and the
-half's new state together, so a crash can neither lose a commit nor deliver it twice, and the first durable
+applied in one LMDB write transaction: a commit writes a commit marker that makes the half's own record visible
+in its real topic (store/committed.py: the record is stored once), its consume-queue entry and the half's new state
+together, so a crash can neither lose a commit nor deliver it twice, and the first durable
 decision wins. The broker's TransactionStates submits these and keeps the metrics.
 
 A batch half (halfmq's transactional batch, HalfState.batch) holds in its body the records of its messages, built
-whole when it was prepared; its commit stores them all in the same write, so its messages become visible together
-or not at all.
+whole when it was prepared; its commit makes them all visible in the same write (a marker each), so its messages
+become visible together or not at all.
 """
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from dataclasses import dataclass
 
 from halfmq.protocol import properties as P
 from halfmq.protocol.errors import MessageFormatError
-from halfmq.protocol.message import (body_crc_matches, decode_record, mark_committed, record_body,
-                                     record_properties_text, rewrite_record, split_records)
+from halfmq.protocol.message import (body_crc_matches, body_records, decode_record, record_properties_text,
+                                     rewritten_size, tags_hash)
 from halfmq.protocol.properties import decode_properties
 
 from .context import WriteContext
@@ -26,7 +27,7 @@ from halfmq.transactions import Decider, Effect, Event, transition
 
 from .halfs import STATUSES, HalfState, HalfStatus
 from .ops import Op
-from .requests import PutRequest, PutResult, message_request, record_request
+from .requests import PutRequest, PutResult, message_request
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,23 +57,27 @@ def _half_record(wctx: WriteContext, half_offset: int) -> bytes:
     return raw
 
 
-def _commit_requests(raw: bytes, half_offset: int, state: HalfState) -> list[PutRequest]:
-    """What a commit stores: the half's message in its real topic, or for a batch half the records its body holds
-    (built whole when it was prepared, so only the fields of the commit are written into them here)."""
+def _commit(wctx: WriteContext, raw: bytes, half_offset: int, state: HalfState) -> PutResult:
+    """Make the half's message visible in its real topic without copying it (store/committed.py): one commit
+    marker, queue entry and KEYS entries per message — for a batch half, per record its body holds (built whole
+    when it was prepared). Their names and KEYS were checked when the half was prepared (PrepareHalf). Value: the
+    first message's PutResult."""
     if not state.batch:
-        record = rewrite_record(raw, state.topic, state.queue_id, record_properties_text(raw))
-        mark_committed(record, half_offset)
-        return [PutRequest(state.topic, state.queue_id, record, state.tags_code, True, state.keys)]
+        size = rewritten_size(raw, state.topic)
+        return PutResult._make(wctx.put_committed(state.topic, state.queue_id, half_offset, (0, 0), size,
+                                                  state.tags_code, state.keys))
     try:
-        records = split_records(record_body(raw))
+        parts = body_records(raw)
+        if len(parts) != state.batch:
+            raise MessageFormatError(f"the batch half holds {len(parts)} records, not {state.batch}")
+        properties = [decode_properties(record_properties_text(raw[start:start + size])) for start, size in parts]
     except MessageFormatError as exc:
         raise CorruptRecordError(half_offset, f"the batch half's body: {exc}") from None
-    if len(records) != state.batch:
-        raise CorruptRecordError(half_offset, f"the batch half holds {len(records)} records, not {state.batch}")
-    for record in records:
-        mark_committed(record, half_offset)
-    return [record_request(record, state.topic, state.queue_id, decode_properties(record_properties_text(record)))
-            for record in records]
+    results = [wctx.put_committed(state.topic, state.queue_id, half_offset, part, part[1],
+                                  tags_hash(props.get(P.TAGS)), props.get(P.KEYS) or None)
+               for part, props in zip(parts, properties)]
+    state.committed_last = results[-1][0]
+    return PutResult._make(results[0])
 
 
 @dataclass(slots=True)
@@ -132,11 +137,7 @@ class DecideHalf(Op):
             raise HalfConflictError(f"the transaction is already {current.value}; {wanted.value} refused")
         committed = None
         if self.commit:
-            # Their names and KEYS were checked when the half was prepared (PrepareHalf).
-            requests = _commit_requests(_half_record(wctx, offset), offset, state)
-            committed = wctx.put_message(requests[0])
-            for request in requests[1:]:
-                wctx.put_message(request)
+            committed = _commit(wctx, _half_record(wctx, offset), offset, state)
             state.committed_offset = committed.physical_offset
         if current is HalfStatus.PREPARED:
             wctx.remove_due(state.due, offset)

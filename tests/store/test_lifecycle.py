@@ -97,15 +97,20 @@ async def test_pending_and_resumable_halves_stay_and_can_still_be_decided(open_s
     await store.submit(PutMessages([request("T", 0, b"plain")]))
     assert (await store.submit(DiscardHalf(discarded.physical_offset, 0, "TRANS_CHECK_MAX_TIME_TOPIC", "1.2.3.4:5")))
     deleted = await expire(store)
-    # Gone: the committed half's record and state, its committed copy, the plain message, the discarded copy.
-    assert deleted == 4
+    # Gone: the commit marker, the plain message, the discarded copy. The committed half's record stays while
+    # its marker is held (the committed message is read from it), and goes with the next pass, state and all.
+    assert deleted == 3
+    assert store.get_half(committed.physical_offset) is not None
+    assert await expire(store) == 1
     assert store.get_half(committed.physical_offset) is None
     assert store.min_offset(HALF, 0) == 0  # the half queue keeps its entries from the pending half on
     decision = await store.submit(DecideHalf(pending.physical_offset, "PG", pending.queue_offset, True, False))
     assert decision.applied and bodies(store, "Real")[-1] == b"half-0"
     before, after = await store.submit(ResumeHalf(discarded.physical_offset))
     assert before is HalfStatus.DISCARDED and after.status is HalfStatus.PREPARED
-    assert await expire(store) == 2  # the first half (now decided) and its commit; the resumed one stays
+    assert await expire(store) == 1  # the first half's commit marker; its record follows; the resumed one stays
+    assert await expire(store) == 1
+    assert store.get_half(pending.physical_offset) is None
     assert store.read_record(discarded.physical_offset) is not None
 
 
