@@ -1,8 +1,9 @@
 """Half-message state: one typed record per half, keyed by the half record's commit-log offset.
 
-The row is msgpack of a dict with the field names below (the layout earlier versions wrote, so an existing store
-reads as it is). Only the transaction ops (txops.py) change it, inside the writer's transaction, each as the
-transaction state machine (halfmq.transactions) allows.
+The row is a msgpack array: the status, then the fields below in their order (a field added later goes last, so
+older rows read with its default). Rows of earlier versions, a msgpack map by field name, still read as they are.
+Only the transaction ops (txops.py) change it, inside the writer's transaction, each as the transaction state
+machine (halfmq.transactions) allows.
 """
 from __future__ import annotations
 
@@ -43,13 +44,9 @@ class HalfState:
         return self.status is HalfStatus.PREPARED
 
     def to_bytes(self) -> bytes:
-        # Field by field: dataclasses.asdict deep-copies and costs 20 us, and a check pass writes a row per half.
-        row = {"state": self.status.value}
-        for name in _STORED:
-            value = getattr(self, name)
-            if value is not None and value is not False:
-                row[name] = value
-        return msgpack.packb(row)
+        # A msgpack array, status first, then the stored fields in declaration order: a commit and a prepare each
+        # write a row, and an array costs a third of the named map earlier versions wrote (still read below).
+        return msgpack.packb((self.status.value, *_stored_fields(self)))
 
     def __reduce__(self):
         # To and from the writer process as a plain tuple: by default a slotted dataclass pickles slot by slot and
@@ -59,7 +56,9 @@ class HalfState:
     @classmethod
     def from_bytes(cls, raw: bytes) -> "HalfState":
         row = msgpack.unpackb(raw)
-        row["status"] = HalfStatus(row.pop("state"))
+        if type(row) is list:  # fields missing from a row written before they existed take their defaults
+            return cls(STATUSES[row[0]], *row[1:_ROW_LENGTH])
+        row["status"] = HalfStatus(row.pop("state"))  # the named map earlier versions wrote
         row.setdefault("due", 0)
         return cls(**{k: v for k, v in row.items() if k in _FIELDS})
 
@@ -67,6 +66,7 @@ class HalfState:
 _FIELDS = frozenset(HalfState.__dataclass_fields__)
 _STORED = tuple(name for name in HalfState.__dataclass_fields__ if name != "status")
 _stored_fields = attrgetter(*_STORED)
+_ROW_LENGTH = 1 + len(_STORED)
 STATUSES = {status.value: status for status in HalfStatus}  #: each status by its value (an enum call runs Python)
 
 

@@ -34,9 +34,10 @@ class EndTransactionProcessor:
             if cmd.is_oneway:  # stock producers send their decision oneway: leave a trace of the refusal
                 log.info("oneway END_TRANSACTION from %s refused: %s", channel.remote, exc.remark)
             raise
-        half = self.ctx.store.get_half(h.commitLogOffset)
-        if half is not None:  # (an unknown half is refused by decide, as it always was)
-            self.ctx.acl.check_decision(cmd, half.topic)
+        if self.ctx.acl.enabled:  # reading the half's state is a cost every decision would pay otherwise
+            half = self.ctx.store.get_half(h.commitLogOffset)
+            if half is not None:  # (an unknown half is refused by decide, as it always was)
+                self.ctx.acl.check_decision(cmd, half.topic)
         try:
             decision = TransactionResolution(h.commitOrRollback)
         except ValueError:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import pickle
 
+import msgpack
 import pytest
 
 from halfmq.store.halfs import HalfState, HalfStatus
@@ -49,3 +50,16 @@ def test_a_send_goes_as_its_fields_and_its_value_comes_back_a_put_result():
 def test_a_batch_comes_back_as_put_results():
     results = PutMessages.result([(1, 2, 3, 4), (5, 6, 7, 8)])
     assert results == [PutResult(1, 2, 3, 4), PutResult(5, 6, 7, 8)] and all(type(r) is PutResult for r in results)
+
+
+def test_a_half_state_row_keeps_every_field_and_rows_of_earlier_versions_still_read():
+    back = HalfState.from_bytes(STATE.to_bytes())
+    assert back == STATE and back.status is HalfStatus.DISCARDED
+    # Before rows were arrays: a map by field name, the status under "state", fields at their defaults left out.
+    legacy = msgpack.packb({"state": "PREPARED", "group": "PG", "topic": "T", "queue_id": 1, "uniq": "U",
+                            "queue_offset": 2, "store_ts": 3, "due": 4, "checks": 1, "batch": 2})
+    assert HalfState.from_bytes(legacy) == HalfState(HalfStatus.PREPARED, "PG", "T", 1, "U", 2, 3, 4, checks=1,
+                                                     batch=2)
+    # An array row written before its last fields existed: they read as their defaults.
+    short = msgpack.packb(["COMMITTED", "PG", "T", 1, "U", 2, 3, 4])
+    assert HalfState.from_bytes(short) == HalfState(HalfStatus.COMMITTED, "PG", "T", 1, "U", 2, 3, 4)
