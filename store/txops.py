@@ -70,7 +70,8 @@ def _commit(wctx: WriteContext, raw: bytes, half_offset: int, state: HalfState) 
         parts = body_records(raw)
         if len(parts) != state.batch:
             raise MessageFormatError(f"the batch half holds {len(parts)} records, not {state.batch}")
-        properties = [decode_properties(record_properties_text(raw[start:start + size])) for start, size in parts]
+        view = memoryview(raw)
+        properties = [decode_properties(record_properties_text(view[start:start + size])) for start, size in parts]
     except MessageFormatError as exc:
         raise CorruptRecordError(half_offset, f"the batch half's body: {exc}") from None
     results = [wctx.put_committed(state.topic, state.queue_id, half_offset, part, part[1],
