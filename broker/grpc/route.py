@@ -16,6 +16,7 @@ from halfmq.protocol.codes import Perm
 from ..names import check_group, validate_topic_name
 from ..topics import SEND_FORBIDDEN
 from .auth import GROUP, PUB, SUB, TOPIC, Caller, authenticate, may_publish, require
+from .oversized import Oversized
 from .schema import AddressScheme, ClientType, Code, MessageType, Permission, pb
 from .status import GrpcError, ok, status_for
 
@@ -167,7 +168,10 @@ class RouteService:
         try:
             async for command in request_iterator:
                 session.heard()
-                if command.HasField("settings"):
+                if type(command) is Oversized:  # never parsed (oversized.py): refused as too large settings are
+                    session.queue(outbox, pb.TelemetryCommand(status=command.status()))
+                    await session.room(outbox)
+                elif command.HasField("settings"):
                     try:
                         reply = await self.settings(command.settings, caller, session)
                     except Exception as exc:  # answered on the stream; the stream goes on

@@ -6,6 +6,8 @@ read. RPCs halfmq does not serve (PullMessage, the offset RPCs, lite topics) ans
 
 A request larger than maxMessageSize + grpcRequestHeadroomBytes is refused RESOURCE_EXHAUSTED by grpc itself,
 from its length prefix (measured before: 8 half-sent 40 MiB messages on one connection cost the broker 258 MiB).
+Smaller limits per RPC are applied before parsing (oversized.py): a request that is not a send is parsed only up to
+grpcRequestHeadroomBytes, a Telemetry message up to grpcTelemetryMaxSettingsBytes and its envelope.
 A connection has at most grpcMaxStreamsPerConnection RPCs open at once (HTTP/2's own limit: more wait in the
 client).
 """
@@ -18,6 +20,7 @@ import grpc
 
 from ..services.periodic import PeriodicTask
 from .auth import authenticate
+from .oversized import Oversized, bounded
 from .receive import AUTO_RENEW_INTERVAL_S, ReceiveService, not_found
 from .route import RouteService
 from .schema import SERVICE, Code, pb, rpc_names, rpc_types
@@ -27,6 +30,8 @@ from .status import GrpcError, status, status_for
 
 log = logging.getLogger(__name__)
 SESSION_SCAN_INTERVAL_S = 10.0
+#: what a TelemetryCommand adds around its settings, at most
+TELEMETRY_ENVELOPE_BYTES = 1024
 
 
 #: OpenTelemetry's metrics collector: push consumers export their client metrics to the endpoint they are given
@@ -63,9 +68,15 @@ class GrpcEndpoint:
             "ForwardMessageToDeadLetterQueue": self.receive.forward_to_dead_letter_queue,
         }
         self._handlers = {}
+        config = ctx.config
         for name in rpc_names():
             request_cls, response_cls, client_streams, server_streams = rpc_types(name)
-            options = dict(request_deserializer=request_cls.FromString,
+            # A send may be as large as grpc lets in (maxMessageSize + headroom); a Telemetry message is settings
+            # (grpcTelemetryMaxSettingsBytes, with the command around them); any other request is all envelope.
+            limit = (config.maxMessageSize + config.grpcRequestHeadroomBytes if name == "SendMessage" else
+                     config.grpcTelemetryMaxSettingsBytes + TELEMETRY_ENVELOPE_BYTES if name == "Telemetry" else
+                     config.grpcRequestHeadroomBytes)
+            options = dict(request_deserializer=bounded(request_cls.FromString, limit, name),
                            response_serializer=response_cls.SerializeToString)
             if name == "Telemetry":
                 handler = grpc.stream_stream_rpc_method_handler(self.route.telemetry, **options)
@@ -85,6 +96,8 @@ class GrpcEndpoint:
 
         async def call(request, context):
             self.requests += 1
+            if type(request) is Oversized:
+                return response_cls(status=request.status())
             try:
                 caller = authenticate(self.ctx.acl, context)
                 self.sessions.get(caller.client_id, context.peer(), caller.language)
@@ -100,6 +113,9 @@ class GrpcEndpoint:
         """A server-streaming handler that writes with ``context.write``: each write waits for grpc's flow
         control, so a stream whose answers are not read holds its messages (bounded) instead of piling answers."""
         self.requests += 1
+        if type(request) is Oversized:
+            await context.write(pb.ReceiveMessageResponse(status=request.status()))
+            return
         try:
             caller = authenticate(self.ctx.acl, context)
             self.sessions.get(caller.client_id, context.peer(), caller.language)
