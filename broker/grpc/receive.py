@@ -394,39 +394,56 @@ class ReceiveService:
 
         One take at a time per queue of a group (its cursor and receipts). The queues no other receive is taking
         from are planned in turn and their takes written together, one write group for the whole receive (taken
-        queue by queue, a receive of 32 from 8 queues waited for 8 syncs one after the other); only when every
-        queue is busy does it wait, for one queue, holding no other lock (so two receives never wait on each
-        other)."""
+        queue by queue, a receive of 32 from 8 queues waited for 8 syncs one after the other); a queue with nothing
+        to give is let go at once. Only when every queue with something to give is busy does it wait, for one
+        queue, holding no other lock (so two receives never wait on each other), and when that one gives nothing it
+        looks again at those not tried yet."""
         plans: list[_Take] = []
         next_visible = None
         count, room = 0, max_bytes
         held: list[asyncio.Lock] = []
         taken: list = []
+        tried: set[int] = set()
+
+        async def plan_locked(queue_id: int, lock: asyncio.Lock) -> None:
+            """Plan ``queue_id``, whose lock was just acquired: kept while its take is written, released at once
+            when the queue has nothing to give."""
+            nonlocal next_visible, count, room
+            held.append(lock)
+            tried.add(queue_id)
+            plan, visible = await self._plan(group, topic, queue_id, tag_codes, batch - count, room, invisible_ms)
+            next_visible = _earliest(next_visible, visible)
+            if plan is None:
+                held.remove(lock)
+                lock.release()
+            else:
+                plans.append(plan)
+                count, room = count + len(plan.records), room - plan.size
+
         try:
-            busy = []
-            for queue_id in queues:
-                if count >= batch or room <= 0:
+            while True:
+                busy = []
+                for queue_id in queues:
+                    if count >= batch or room <= 0:
+                        break
+                    if queue_id in tried:
+                        continue
+                    lock = self._queue_lock(group, topic, queue_id)
+                    if lock.locked():
+                        busy.append(queue_id)
+                        continue
+                    await lock.acquire()  # free: taken without yielding
+                    await plan_locked(queue_id, lock)
+                if plans or not busy:
                     break
-                lock = self._queue_lock(group, topic, queue_id)
-                if lock.locked():
-                    busy.append(queue_id)
-                    continue
-                await lock.acquire()  # free: taken without yielding
-                held.append(lock)
-                plan, visible = await self._plan(group, topic, queue_id, tag_codes, batch - count, room,
-                                                 invisible_ms)
-                next_visible = _earliest(next_visible, visible)
-                if plan is not None:
-                    plans.append(plan)
-                    count, room = count + len(plan.records), room - plan.size
-            if not plans and busy:
+                # Every queue with something to give was being taken from: wait for one, holding no lock (two
+                # receives never wait on each other); when it gave nothing, look again at those not tried yet
+                # (before: the receive answered MESSAGE_NOT_FOUND though other queues held messages).
                 lock = self._queue_lock(group, topic, busy[0])
                 await lock.acquire()
-                held.append(lock)
-                plan, visible = await self._plan(group, topic, busy[0], tag_codes, batch, room, invisible_ms)
-                next_visible = _earliest(next_visible, visible)
-                if plan is not None:
-                    plans.append(plan)
+                await plan_locked(busy[0], lock)
+                if plans:
+                    break
             completions = [self.store.submit(plan.op) for plan in plans]  # one write group
             for plan, completion in zip(plans, completions):
                 try:

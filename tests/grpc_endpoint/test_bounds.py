@@ -2,6 +2,7 @@
 first: the figures in the docstrings were measured on the code before the fix)."""
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import os
@@ -22,7 +23,7 @@ from halfmq.protocol.codes import SysFlag
 from halfmq.protocol.message import MessageRecord
 from halfmq.store import message_request
 from halfmq.store.ops import PutMessages
-from halfmq.store.receipts import read_receipts
+from halfmq.store.receipts import read_cursor, read_receipts
 
 from .conftest import receive_all, wait_until
 
@@ -171,6 +172,40 @@ def test_receives_whose_answers_are_not_read_take_a_share_each(grpc_broker_facto
             answers = [list(call) for call in calls]
     assert all(len(messages(streamed)) <= 1 for streamed in answers)
     wait_until(lambda: not broker.broker.grpc.receive._backlogs)  # every stream gave its budget back
+
+
+def test_a_receive_that_waited_for_a_busy_queue_looks_again_at_the_others(grpc_broker):
+    """Before: when every queue with something to give was being taken from, a receive waited for the first of them
+    and, when that one had nothing left, answered MESSAGE_NOT_FOUND though another queue held a message (seen as
+    spurious empty answers with 48 receives on one connection under load)."""
+    with stub(grpc_broker) as service:
+        assert service.SendMessage(send_request("Spread", b"first"), metadata=metadata(grpc_broker),
+                                   timeout=20).status.code == Code.OK
+        # Every queue of the group gets a cursor, and the first message is taken.
+        assert len(messages(service.ReceiveMessage(receive_request("Spreaders", "Spread"),
+                                                   metadata=metadata(grpc_broker), timeout=20))) == 1
+        assert service.SendMessage(send_request("Spread", b"second"), metadata=metadata(grpc_broker),
+                                   timeout=20).status.code == Code.OK
+    receive = grpc_broker.broker.grpc.receive
+    store = grpc_broker.broker.ctx.store
+    holding = next(q for q in range(8) if store.max_offset("Spread", q) > (read_cursor(store, "Spreaders", "Spread", q)
+                                                                            or 0))
+    empty = [q for q in range(8) if q != holding]
+
+    async def take_while_the_others_are_busy():
+        locks = [receive._queue_lock("Spreaders", "Spread", q) for q in empty[1:] + [holding]]
+        for lock in locks:
+            await lock.acquire()
+        # empty[0] is free and has nothing; the receive then waits for empty[1], which has nothing either
+        task = asyncio.ensure_future(receive._take_from("Spreaders", "Spread", empty + [holding], None, 32, MiB,
+                                                        60_000))
+        await asyncio.sleep(0)  # the receive runs up to its wait (a step of the loop, not a timed wait)
+        for lock in locks:
+            lock.release()
+        return await asyncio.wait_for(task, 20)
+
+    taken, _next_visible = grpc_broker.call(take_while_the_others_are_busy())
+    assert [rec.body for rec, _handle, _attempts, _size in taken] == [b"second"]
 
 
 def test_a_connection_has_at_most_grpc_max_streams_per_connection_rpcs_open(grpc_broker_factory):
