@@ -346,27 +346,6 @@ def record_body(buf) -> memoryview:
     return memoryview(buf)[p:p + body_len]
 
 
-def split_records(buf) -> list[bytearray]:
-    """A concatenation of encoded records (a pull body, a batch half's body) cut into mutable copies, one per
-    record, by each record's totalSize; nothing else is decoded.
-
-    Raises:
-        MessageFormatError: a totalSize that does not fit the buffer.
-    """
-    out = []
-    pos, end = 0, len(buf)
-    view = memoryview(buf)
-    while pos < end:
-        if end - pos < 4:
-            raise MessageFormatError(f"{end - pos} bytes after the last record at {pos}")
-        (size,) = _I32.unpack_from(buf, pos)
-        if size < BORN_HOST_POS or pos + size > end:
-            raise MessageFormatError(f"the record at {pos} claims {size} bytes; {end - pos} remain")
-        out.append(bytearray(view[pos:pos + size]))
-        pos += size
-    return out
-
-
 # --- batch bodies (SEND_BATCH_MESSAGE) ---
 
 @dataclass(slots=True)
