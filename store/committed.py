@@ -6,11 +6,12 @@ commit-log offset, a marker naming the half record (and, for a batch half, which
 with the fields only the commit knows: real topic, queue id, queue offset, store time. Its queue entry, KEYS
 entries and the half's new state are written with it, in one transaction, as before.
 
-Every read of the commit log (``MessageStore``'s reads, retention, topic purges, the start-up check) passes what
-it finds through ``resolve``, which turns a marker into the record a copy would have been, byte for byte: the
+Every read of a message (``MessageStore``'s reads, the start-up check) passes what it finds through ``resolve``,
+which turns a marker into the record a copy would have been, byte for byte: the
 half's record with the real topic and queue id, the transaction type COMMIT, preparedTransactionOffset = the half's
 offset, and the commit's queue offset, commit-log offset and store time. So consumers, views by id, queries by key,
-the Spark source and the audit job read what they read before. Retention keeps a committed half's record while a
+the Spark source and the audit job read what they read before. Retention and topic purges, which need only where
+a record belongs and its properties, read them with ``place`` (nothing is rebuilt). Retention keeps a committed half's record while a
 marker of it is held (lifecycle.Expire).
 
 A marker is told from a record by its magic code, which no record has.
@@ -80,14 +81,18 @@ def resolve(get, log_db, physical_offset: int, raw):
     return None if half is None else materialize(raw, physical_offset, half)
 
 
-def place(get, log_db, physical_offset: int, raw) -> RecordPlace:
-    """record_place of what is stored at ``physical_offset`` (a marker's place is its record's).
+def place(get, log_db, raw) -> RecordPlace:
+    """record_place of what the commit log holds: a marker's topic, queue, offset and time are its own,
+    its properties those of the record it stands for ("" when the half's record is gone); nothing is rebuilt.
 
     Raises:
-        MessageFormatError: neither a well-formed record nor a marker whose half is held.
+        MessageFormatError: neither a well-formed record nor a marker whose half record is well formed.
     """
-    record = resolve(get, log_db, physical_offset, raw)
-    if record is None:
-        _size, _magic, _half, _start, _part, queue_id, queue_offset, store_ts = MARKER.unpack_from(raw)
-        return RecordPlace(bytes(raw[MARKER.size:]).decode(), queue_id, queue_offset, store_ts, "")
-    return record_place(record)
+    if raw[4:8] != MARKER_MAGIC_BYTES:
+        return record_place(raw)
+    _size, _magic, half_offset, start, size, queue_id, queue_offset, store_ts = MARKER.unpack_from(raw)
+    half = get(U64.pack(half_offset), db=log_db)
+    properties = ""
+    if half is not None:
+        properties = record_place(memoryview(half)[start:start + size] if size else half).properties_text
+    return RecordPlace(bytes(raw[MARKER.size:]).decode(), queue_id, queue_offset, store_ts, properties)

@@ -103,7 +103,7 @@ class Expire(Op):
             raw = cur.value()
             examined += 1
             try:
-                place = stored_place(txn.get, dbs["commitlog"], physical, raw)
+                place = stored_place(txn.get, dbs["commitlog"], raw)
             except MessageFormatError:
                 place = None  # an unreadable record has no queue entry or key we could find: it just goes
             if place is not None and place.store_timestamp >= self.before_ms:
@@ -278,7 +278,7 @@ class PurgeTopics(Op):
             if raw is None:
                 continue
             try:
-                props = stored_place(txn.get, dbs["commitlog"], physical, raw).properties_text
+                props = stored_place(txn.get, dbs["commitlog"], raw).properties_text
             except MessageFormatError:
                 props = ""
             txn.delete(U64.pack(physical), db=dbs["commitlog"])

@@ -571,7 +571,7 @@ class MessageStore:
             found = cur.first()
             while found:
                 try:
-                    return place(txn.get, self.dbs["commitlog"], U64.unpack(cur.key())[0], cur.value()).store_timestamp
+                    return place(txn.get, self.dbs["commitlog"], cur.value()).store_timestamp
                 except MessageFormatError:
                     found = cur.next()  # an unreadable record tells no time: the next one does
         return None

@@ -153,6 +153,23 @@ async def test_a_deleted_topic_is_purged_and_starts_empty_when_created_again(ope
     assert bodies(store, "T") == [b"fresh"] and store.max_offset("T", 0) == 1
 
 
+async def test_a_committed_batch_half_reads_from_its_markers_until_retention_takes_them(open_store):
+    """A committed half is stored once (store/committed.py): its messages are markers read from the half's record.
+    Retention removes the markers with their KEYS entries (read from the half's record) and keeps the half's record
+    while a marker of it is held; the next pass takes it."""
+    store = await open_store()
+    parts = [request("Real", 0, b"one", keys="k1").record, request("Real", 0, b"two", keys="k2 shared").record]
+    state = HalfState(HalfStatus.PREPARED, "PG", "Real", 0, "uniq", queue_offset=0, store_ts=0, due=0, batch=2)
+    half, _ = await store.submit(PrepareHalf(request(HALF, 0, b"".join(parts)), state, 0, ("k1", "k2 shared")))
+    await store.submit(DecideHalf(half.physical_offset, "PG", half.queue_offset, True, False))
+    assert bodies(store, "Real") == [b"one", b"two"]
+    assert [decode_record(r).body for r in store.messages_by_key("Real", "shared", 10)] == [b"two"]
+    assert await expire(store, before_ms=0) == 0  # nothing is old enough
+    assert await expire(store) == 2  # the two markers; the half's record was looked at while they were held
+    assert store.stats()["entries"]["keys"] == 0 and store.read_record(half.physical_offset) is not None
+    assert await expire(store) == 1 and store.get_half(half.physical_offset) is None  # no marker holds it now
+
+
 async def test_the_map_grows_up_to_its_maximum(open_store):
     store = await open_store(map_size=1 << 20, max_map_size=8 << 20)
     body = os.urandom(64 << 10)
