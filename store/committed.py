@@ -7,12 +7,12 @@ with the fields only the commit knows: real topic, queue id, queue offset, store
 entries and the half's new state are written with it, in one transaction, as before.
 
 Every read of a message (``MessageStore``'s reads, the start-up check) passes what it finds through ``resolve``,
-which turns a marker into the record a copy would have been, byte for byte: the
-half's record with the real topic and queue id, the transaction type COMMIT, preparedTransactionOffset = the half's
-offset, and the commit's queue offset, commit-log offset and store time. So consumers, views by id, queries by key,
-the Spark source and the audit job read what they read before. Retention and topic purges, which need only where
-a record belongs and its properties, read them with ``place`` (nothing is rebuilt). Retention keeps a committed half's record while a
-marker of it is held (lifecycle.Expire).
+which turns a marker into the record a copy would have been, byte for byte: the half's record with the real topic
+and queue id, the transaction type COMMIT, preparedTransactionOffset = the half's offset, and the commit's queue
+offset, commit-log offset and store time. So consumers, views by id, queries by key, the Spark source and the audit
+job read what they read before. Retention and topic purges, which need only where a record belongs and its
+properties, read them with ``place`` (nothing is rebuilt). Retention keeps a committed half's record while a marker
+of it is held (lifecycle.Expire).
 
 A marker is told from a record by its magic code, which no record has.
 """
