@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from halfmq.protocol import properties as P
-from halfmq.protocol.codes import ADMIN_REQUEST_CODES, RequestCode, ResponseCode
+from halfmq.protocol.codes import ADMIN_REQUEST_CODES, BROKER_REGISTRATION_CODES, RequestCode, ResponseCode
 from halfmq.protocol.headers import (
     GROUP,
     TOPIC,
@@ -322,7 +322,7 @@ class AccessValidator:
                                   f"admin request {cmd.code} is only served to loopback clients when ACL is off")
         else:
             account = self._account(cmd)
-            if cmd.code in ADMIN_REQUEST_CODES and not account.admin:
+            if (cmd.code in ADMIN_REQUEST_CODES or cmd.code in BROKER_REGISTRATION_CODES) and not account.admin:
                 raise BrokerError(ResponseCode.NO_PERMISSION, f"request {cmd.code} needs an admin account")
         rule = RULES.get(cmd.code)
         if rule is None:

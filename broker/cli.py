@@ -1,4 +1,4 @@
-"""``halfmq`` command line: ``halfmq broker [-c FILE] [--KEY=VALUE ...]``."""
+"""``halfmq`` command line: ``halfmq broker|namesrv [-c FILE] [--KEY=VALUE ...]``, ``halfmq admin ...``."""
 from __future__ import annotations
 
 import argparse
@@ -82,11 +82,54 @@ def broker_main(argv: list[str]) -> int:
     return 0
 
 
+async def run_namesrv(config) -> None:
+    from .namesrv.server import NameServer
+    server = NameServer(config)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    print(f"halfmq namesrv ready: {server.addr}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()
+
+
+def namesrv_main(argv: list[str]) -> int:
+    from .namesrv.config import load_namesrv_config
+    parser = argparse.ArgumentParser(prog="halfmq namesrv", description="Run a standalone halfmq name server.",
+                                     epilog="Any key of broker/namesrv/config.py can be given as --KEY=VALUE, e.g. "
+                                            "--listenPort=9876; HALFMQ_NAMESRV_<KEY> variables too.")
+    parser.add_argument("-c", "--config", help="namesrv.conf (Java properties, RocketMQ key names)")
+    args, rest = parser.parse_known_args(argv)
+    try:
+        config = load_namesrv_config(args.config, rest)
+    except ConfigError as exc:
+        print(f"halfmq: configuration error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=config.logLevel, stream=sys.stdout,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    loop = new_event_loop()
+    try:
+        loop.run_until_complete(run_namesrv(config))
+    except AclConfigError as exc:
+        print(f"halfmq: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except (StartError, OSError) as exc:
+        print(f"halfmq: cannot start: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        loop.close()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: halfmq broker [-c FILE] [--KEY=VALUE ...]\n       halfmq admin COMMAND [-n NAMESRV] ...\n"
-              "       halfmq --version")
+        print("usage: halfmq broker [-c FILE] [--KEY=VALUE ...]\n       halfmq namesrv [-c FILE] [--KEY=VALUE ...]\n"
+              "       halfmq admin COMMAND [-n NAMESRV] ...\n       halfmq --version")
         return 0 if argv else 2
     if argv[0] in ("-V", "--version"):
         print(f"halfmq {importlib.metadata.version('halfmq')}")
@@ -94,11 +137,13 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command == "broker":
         return broker_main(rest)
+    if command == "namesrv":
+        return namesrv_main(rest)
     if command == "admin":
         # The admin tool is a client of the broker; the one `halfmq` entry point hands over to it by name, so the
         # broker package itself never depends on the client package.
         return importlib.import_module("halfmq.client.admin_cli").main(rest)
-    print(f"halfmq: unknown command {command!r} (try: halfmq broker, halfmq admin)", file=sys.stderr)
+    print(f"halfmq: unknown command {command!r} (try: halfmq broker, halfmq namesrv, halfmq admin)", file=sys.stderr)
     return 2
 
 

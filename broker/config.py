@@ -31,15 +31,29 @@ class BrokerConfig:
 
     brokerClusterName: str = _doc("cluster name put in routes and the CLUSTER property", default="DefaultCluster")
     brokerName: str = _doc("broker name put in routes", default="broker-a")
-    brokerId: int = _doc("0 = master (the only role halfmq has)", default=0, meta={"min": 0, "max": 0})
+    brokerId: int = _doc("0 = master (the only role halfmq has today; routes keep members by brokerId)", default=0,
+                         meta={"min": 0, "max": 0})
     brokerIP1: str = _doc("address advertised in routes and message ids; empty = bindAddress, or 127.0.0.1 "
                           "when bound to all interfaces", default="")
     bindAddress: str = _doc("interface the broker and name-server ports (and metrics, unless "
                             "metricsPromExporterHost) listen on: 0.0.0.0 = every IPv4 interface, :: = every IPv4 "
                             "and IPv6 interface (dual stack)", default="0.0.0.0")
     listenPort: int = _doc("broker port (0 = any free port)", default=10911, meta={"min": 0, "max": 65535})
-    namesrvListenPort: int = _doc("built-in name server port (0 = any free port, -1 = off)", default=9876,
+    namesrvListenPort: int = _doc("built-in name server port (0 = any free port, -1 = off); with namesrvAddr set the "
+                                  "broker joins those name servers and serves none of its own", default=9876,
                                   meta={"min": -1, "max": 65535})
+    namesrvAddr: str = _doc("name servers to register with, HOST:PORT;HOST:PORT (halfmq namesrv): the broker joins "
+                            "brokerClusterName's cluster; empty = the built-in name server, this broker alone",
+                            default="")
+    registerNameServerPeriod: int = _doc("ms between the broker's registrations with each name server (it also "
+                                         "registers at once when its topics change)", default=30_000,
+                                         meta={"min": 100, "max": 60_000})
+    brokerNotActiveTimeoutMillis: int = _doc("a name server drops this broker after this long without a "
+                                             "registration, ms (sent with each registration)", default=120_000,
+                                             meta={"min": 1000})
+    namesrvAccessKey: str = _doc("account the broker signs its registrations with, for name servers with aclEnable "
+                                 "(an admin account of theirs)", default="")
+    namesrvSecretKey: str = _doc("secret key of namesrvAccessKey", default="")
     storePathRootDir: str = _doc("folder holding the LMDB store", default="./store_data")
     mapSize: int = _doc("LMDB map size in bytes to start with; the store grows it (doubling) up to maxMapSize "
                         "when it fills", default=1 << 30, meta={"min": 1 << 20})
@@ -205,8 +219,21 @@ class BrokerConfig:
         return dataclasses.asdict(self)
 
 
-FIELDS = {f.name: f for f in dataclasses.fields(BrokerConfig)}
-_LOWER = {name.lower(): name for name in FIELDS}
+def _fields(cls: type) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+FIELDS = _fields(BrokerConfig)
+
+
+def same_key(name: str, **overrides):
+    """A field of another configuration (the standalone name server's) that means exactly what BrokerConfig's key
+    ``name`` means: its documentation, default and bounds are defined once, here."""
+    f = FIELDS[name]
+    meta = dict(f.metadata)
+    text = overrides.pop("doc", meta.pop("doc"))
+    meta.pop("doc", None)
+    return _doc(text, default=overrides.pop("default", f.default), meta=meta)
 
 
 def parse_delay_levels(text: str) -> list[int]:
@@ -221,8 +248,8 @@ def parse_delay_levels(text: str) -> list[int]:
     return levels
 
 
-def _convert(name: str, raw: Any) -> Any:
-    f = FIELDS[name]
+def _convert(name: str, raw: Any, fields: Mapping[str, dataclasses.Field]) -> Any:
+    f = fields[name]
     kind = f.type if isinstance(f.type, type) else {"str": str, "int": int, "bool": bool, "float": float}[f.type]
     meta = f.metadata
     if kind is bool:
@@ -250,24 +277,27 @@ def _convert(name: str, raw: Any) -> Any:
     return value
 
 
-def build_config(values: Mapping[str, Any], base: BrokerConfig | None = None, source: str = "") -> BrokerConfig:
-    """Apply ``values`` (key → raw value) over ``base``.
+def build_config(values: Mapping[str, Any], base=None, source: str = "", cls: type = BrokerConfig):
+    """Apply ``values`` (key → raw value) over ``base`` (default: a ``cls`` of defaults).
 
     Raises:
         ConfigError: a key is unknown or a value is malformed.
     """
+    cls = type(base) if base is not None else cls
+    fields = _fields(cls)
+    lower = {name.lower(): name for name in fields}
     where = f" (in {source})" if source else ""
     changes = {}
     for key, raw in values.items():
-        if key not in FIELDS:
-            hint = _LOWER.get(key.lower())
+        if key not in fields:
+            hint = lower.get(key.lower())
             extra = f"; did you mean {hint!r}?" if hint else ""
             raise ConfigError(f"unknown configuration key {key!r}{where}{extra}")
         try:
-            changes[key] = _convert(key, raw)
+            changes[key] = _convert(key, raw, fields)
         except ConfigError as exc:
             raise ConfigError(f"{exc}{where}") from None
-    return dataclasses.replace(base or BrokerConfig(), **changes)
+    return dataclasses.replace(base if base is not None else cls(), **changes)
 
 
 def parse_properties(text: str, source: str = "config file") -> dict[str, str]:
@@ -305,7 +335,7 @@ def parse_properties(text: str, source: str = "config file") -> dict[str, str]:
     return result
 
 
-def env_overrides(environ: Mapping[str, str]) -> dict[str, str]:
+def env_overrides(environ: Mapping[str, str], cls: type = BrokerConfig, prefix: str = "HALFMQ_") -> dict[str, str]:
     """``HALFMQ_<KEY>`` variables (the key in RocketMQ spelling, or all upper case as environment variables
     usually are). Any other spelling is refused as the same flag is: ``HALFMQ_transactionTimeout`` is neither
     ``transactionTimeOut`` nor ``TRANSACTIONTIMEOUT``.
@@ -313,19 +343,21 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, str]:
     Raises:
         ConfigError: a HALFMQ_ variable names no known key, or names one in another case.
     """
+    fields = _fields(cls)
+    lower = {name.lower(): name for name in fields}
     out = {}
     for var, value in environ.items():
-        if not var.startswith("HALFMQ_"):
-            continue
-        key = var[len("HALFMQ_"):]
-        hint = _LOWER.get(key.lower())
-        if key in FIELDS:
+        if not var.startswith(prefix) or prefix == "HALFMQ_" and var.startswith("HALFMQ_NAMESRV_"):
+            continue  # HALFMQ_NAMESRV_<KEY> belongs to the standalone name server (broker/namesrv/config.py)
+        key = var[len(prefix):]
+        hint = lower.get(key.lower())
+        if key in fields:
             name = key
         elif hint is not None and key == key.upper():
             name = hint
         elif hint is not None:
             raise ConfigError(f"unknown configuration key {key!r} (in environment variable {var}); "
-                              f"did you mean {hint!r}? (HALFMQ_{hint} or HALFMQ_{hint.upper()})")
+                              f"did you mean {hint!r}? ({prefix}{hint} or {prefix}{hint.upper()})")
         else:
             raise ConfigError(f"environment variable {var} names no configuration key")
         out[name] = value
@@ -347,14 +379,14 @@ def parse_flags(args: Iterable[str]) -> dict[str, str]:
     return out
 
 
-def load_config(path: str | None, flags: Iterable[str] = (), environ: Mapping[str, str] | None = None
-                ) -> BrokerConfig:
-    """Defaults < file < environment < flags.
+def load_config(path: str | None, flags: Iterable[str] = (), environ: Mapping[str, str] | None = None,
+                cls: type = BrokerConfig, env_prefix: str = "HALFMQ_"):
+    """Defaults < file < environment < flags, for a ``cls`` configuration (the broker's unless told).
 
     Raises:
         ConfigError: as build_config, parse_properties, env_overrides and parse_flags; or the file is unreadable.
     """
-    config = BrokerConfig()
+    config = cls()
     if path:
         try:
             with open(path, encoding="utf-8") as fh:
@@ -362,5 +394,6 @@ def load_config(path: str | None, flags: Iterable[str] = (), environ: Mapping[st
         except OSError as exc:
             raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
         config = build_config(parse_properties(text, path), config, path)
-    config = build_config(env_overrides(os.environ if environ is None else environ), config, "environment")
+    config = build_config(env_overrides(os.environ if environ is None else environ, cls, env_prefix), config,
+                          "environment")
     return build_config(parse_flags(flags), config, "command line")

@@ -25,12 +25,15 @@ from .processors.client_manage import ClientManageProcessor
 from .processors.end_transaction import EndTransactionProcessor
 from .processors.inspect import InspectProcessor
 from .processors.lifecycle import LifecycleProcessor
-from .processors.namesrv import NameServerProcessor
 from .processors.offsets import OffsetProcessor
 from .processors.pull import PullProcessor
 from .processors.send import SendProcessor
 from .messaging.consumer import ConsumerService
 from .messaging.producer import ProducerService
+from .namesrv.link import parse_namesrv_addrs
+from .namesrv.processor import NameServerProcessor
+from .namesrv.registration import LocalTopics, Registrar
+from .namesrv.routes import BrokerEntry, RouteTable
 from .services.offsets import ConsumerOffsetManager
 from .services.periodic import PeriodicTask
 from .services.check_back import CheckBackService
@@ -69,6 +72,22 @@ def bind_error(setting: str, host: str, port: int, exc: OSError) -> StartError:
     return StartError(f"{setting}={port}: cannot listen on {where}: {exc.strerror or exc}")
 
 
+async def listen(loop, factory, host: str, port: int, tls, setting: str) -> asyncio.base_events.Server:
+    """Listen on ``host``. ``::`` is dual stack (IPv4 and IPv6 on one port): asyncio alone would make it
+    IPv6-only (it sets IPV6_V6ONLY), so that socket is made here.
+
+    Raises:
+        StartError: the port cannot be bound (in use, no permission); names ``setting`` and the port.
+    """
+    try:
+        if host == "::" and socket.has_dualstack_ipv6():
+            sock = socket.create_server(("::", port), family=socket.AF_INET6, dualstack_ipv6=True, backlog=1024)
+            return await loop.create_server(factory, sock=sock, ssl=tls)
+        return await loop.create_server(factory, host, port, reuse_address=True, ssl=tls)
+    except OSError as exc:
+        raise bind_error(setting, host, port, exc) from None
+
+
 class Broker:
     """One broker. ``await start()`` binds its ports (0 = any free port); ``addr``/``namesrv_addr``/
     ``metrics_addr`` are the addresses bound (``0.0.0.0:10911`` when bound to every interface)."""
@@ -92,6 +111,8 @@ class Broker:
         self.producer: ProducerService | None = None
         self.consumer: ConsumerService | None = None
         self.grpc = None  #: broker/grpc's GrpcEndpoint, when grpcListenPort >= 0 and the grpc extra is installed
+        self.routes: RouteTable | None = None  #: the built-in name server's table: this broker alone
+        self.registrar: Registrar | None = None  #: with namesrvAddr: this broker's registrations
         self.grpc_port = 0
         self.grpc_addr = ""
         self.stopped = asyncio.Event()
@@ -138,6 +159,7 @@ class Broker:
         validator = ctx.acl = AccessValidator(load_accounts(cfg.aclConfigFile) if cfg.aclEnable else None)
         self.dispatcher.authorize = validator.check
         tls = self._tls_context()
+        parse_namesrv_addrs(cfg.namesrvAddr)
         if not cfg.brokerIP1 and ":" in cfg.bindAddress and cfg.bindAddress not in WILDCARDS:
             raise ConfigError(f"bindAddress {cfg.bindAddress} is one IPv6 address: set brokerIP1 to the IPv4 address "
                               f"clients reach the broker at (message ids and routes carry an IPv4 address)")
@@ -153,8 +175,12 @@ class Broker:
                           ClientManageProcessor(ctx), AdminProcessor(ctx), EndTransactionProcessor(ctx),
                           InspectProcessor(ctx), LifecycleProcessor(ctx)):
             processor.register(self.dispatcher)
-        NameServerProcessor(ctx).register(self.dispatcher)
-        NameServerProcessor(ctx).register(self.namesrv_dispatcher)
+        # The name-server requests a client may send to the broker port too; with namesrvAddr they describe the
+        # built-in table of this broker alone, which is also what a client asking this broker should learn.
+        self.routes = RouteTable()
+        self.routes.register(BrokerEntry(cfg.brokerClusterName, cfg.brokerName, cfg.brokerId, ctx.broker_addr,
+                                         LocalTopics(topics)))
+        NameServerProcessor(self.routes).register(self.dispatcher, registrations=False)
         self.dispatcher.on_channel_closed(ctx.producers.channel_closed)
         self.store.publish_hooks.append(self.dispatcher.flush_answers)
         self.dispatcher.store = self.store
@@ -176,7 +202,8 @@ class Broker:
         for task in self.periodic:
             task.start()
 
-        if cfg.namesrvListenPort >= 0:
+        if cfg.namesrvListenPort >= 0 and not cfg.namesrvAddr:
+            NameServerProcessor(self.routes).register(self.namesrv_dispatcher, registrations=False)
             ns = await self._listen(loop, self._protocol_factory(self.namesrv_dispatcher, self.namesrv_connections),
                                     cfg.namesrvListenPort, tls, "namesrvListenPort")
             self.namesrv_port = ns.sockets[0].getsockname()[1]
@@ -191,6 +218,11 @@ class Broker:
                 raise bind_error("metricsPromExporterPort", host, cfg.metricsPromExporterPort, exc) from None
             self.metrics_port = bound[1]
             self.metrics_addr = format_address(bound)
+        if cfg.namesrvAddr:
+            grpc_addr = f"{cfg.advertised_ip}:{self.grpc_port}" if self.grpc is not None else ""
+            self.registrar = Registrar(cfg, topics, ctx.broker_addr, grpc_addr)
+            topics.change_listeners.append(self.registrar.topics_changed)
+            await self.registrar.start()
         log.info("effective configuration: %s", " ".join(f"{k}={v}" for k, v in cfg.as_dict().items()))
         log.info("listening: broker %s namesrv %s metrics %s grpc %s; routes and message ids advertise %s",
                  self.addr, self.namesrv_addr or "-", self.metrics_addr or "-", self.grpc_addr or "-",
@@ -238,21 +270,7 @@ class Broker:
         return context
 
     async def _listen(self, loop, factory, port: int, tls, setting: str) -> asyncio.base_events.Server:
-        """Listen on bindAddress. ``::`` is dual stack (IPv4 and IPv6 on one port): asyncio alone would make it
-        IPv6-only (it sets IPV6_V6ONLY), so that socket is made here.
-
-        Raises:
-            StartError: the port cannot be bound (in use, no permission); names ``setting`` and the port.
-        """
-        host = self.config.bindAddress
-        try:
-            if host == "::" and socket.has_dualstack_ipv6():
-                sock = socket.create_server(("::", port), family=socket.AF_INET6, dualstack_ipv6=True, backlog=1024)
-                server = await loop.create_server(factory, sock=sock, ssl=tls)
-            else:
-                server = await loop.create_server(factory, host, port, reuse_address=True, ssl=tls)
-        except OSError as exc:
-            raise bind_error(setting, host, port, exc) from None
+        server = await listen(loop, factory, self.config.bindAddress, port, tls, setting)
         self.servers.append(server)
         return server
 
@@ -283,6 +301,8 @@ class Broker:
         """Stop whatever has been started, in the reverse order of start; safe after a partial start."""
         self._stopping = True
         try:
+            if self.registrar is not None:
+                await self.registrar.stop()  # first: clients' routes leave this broker before its port closes
             for server in self.servers:
                 server.close()
             self.connections.stop_reading()

@@ -134,6 +134,8 @@ class TopicManager:
         self.auto_create_groups = auto_create_groups
         self.max_groups = max_groups
         self.topics: dict[str, TopicConfig] = {}
+        #: called after a topic is created, changed or deleted (the broker re-registers with its name servers)
+        self.change_listeners: list = []
         self._counts = {_USER: 0, _GROUP: 0, _DLQ: 0}  # topics held, by _kind
         self._system = {
             DEFAULT_TOPIC: TopicConfig(DEFAULT_TOPIC, default_queue_nums, default_queue_nums,
@@ -181,6 +183,7 @@ class TopicManager:
         validate_topic_name(config.name)
         self._add(config)
         await self.store.submit(PutTopic(config.name, asdict(config)))
+        self._changed()
 
     async def delete(self, name: str) -> bool:
         if name in SYSTEM_TOPICS:
@@ -191,7 +194,12 @@ class TopicManager:
         if kind is not None:
             self._counts[kind] -= 1
         self.store.forget_topic(name, await self.store.submit(DeleteTopic(name)))
+        self._changed()
         return True
+
+    def _changed(self) -> None:
+        for listener in self.change_listeners:
+            listener()
 
     async def ensure_for_send(self, name: str, default_topic: str, default_queue_nums: int) -> TopicConfig:
         """The topic's config, creating it from the template topic when allowed (reference §3.1 step 4).

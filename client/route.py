@@ -13,6 +13,7 @@ from .message import MessageQueue
 from .remoting import ConnectionPool
 
 DEFAULT_TOPIC = "TBW102"
+DEFAULT_QUEUE_NUMS = 4  #: queues per broker of a topic a send creates (RocketMQ's defaultTopicQueueNums)
 
 
 @dataclass(frozen=True)
@@ -93,8 +94,15 @@ class RouteCache:
             if not auto_create:
                 raise
         template = await self.get(DEFAULT_TOPIC)
-        route = TopicRoute(topic, [MessageQueue(topic, q.broker_name, q.queue_id) for q in template.write_queues[:4]],
-                           [], template.broker_addrs, 0.0)  # fetched_at 0: the real route is fetched next time
+        # As RocketMQ's clients: each broker that may create the topic gets up to DEFAULT_QUEUE_NUMS of its queues,
+        # so a new topic is spread over the cluster, and each broker creates it on its first send.
+        queues = [MessageQueue(topic, q.broker_name, q.queue_id) for q in template.write_queues
+                  if q.queue_id < DEFAULT_QUEUE_NUMS]
+        if len({q.broker_name for q in queues}) < 2:
+            return TopicRoute(topic, queues, [], template.broker_addrs, 0.0)  # fetched_at 0: refetched next time
+        # In a cluster the template is kept for the route's lifetime, as RocketMQ's clients keep it until their
+        # next refresh: the real route would list only the first broker that created the topic.
+        route = self.routes[topic] = TopicRoute(topic, queues, [], template.broker_addrs, time.monotonic())
         return route
 
     def invalidate(self, topic: str) -> None:

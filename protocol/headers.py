@@ -378,3 +378,50 @@ class DeleteSubscriptionGroupRequestHeader(Header):
     RESOURCES: ClassVar[dict[str, str]] = {"groupName": GROUP}
     groupName: str = req()
     removeOffset: bool | None = opt()
+
+
+@dataclass(slots=True, kw_only=True)
+class RegisterBrokerRequestHeader(Header):
+    """REGISTER_BROKER (103): the body is RocketMQ's RegisterBrokerBody in JSON (``compressed`` false).
+    ``grpcAddr`` is halfmq's: where the broker serves RocketMQ 5 clients (absent: it does not)."""
+
+    brokerName: str = req()
+    brokerAddr: str = req()
+    clusterName: str = req()
+    haServerAddr: str = req(default="")
+    brokerId: int = req()
+    heartbeatTimeoutMillis: int | None = opt()
+    compressed: bool = req(default=False)
+    bodyCrc32: int = req(default=0)
+    grpcAddr: str | None = opt()
+
+
+@dataclass(slots=True, kw_only=True)
+class RegisterBrokerResponseHeader(Header):
+    haServerAddr: str | None = opt()
+    masterAddr: str | None = opt()
+
+
+@dataclass(slots=True, kw_only=True)
+class UnregisterBrokerRequestHeader(Header):
+    """UNREGISTER_BROKER (104)."""
+
+    brokerName: str = req()
+    brokerAddr: str = req()
+    clusterName: str = req()
+    brokerId: int = req()
+
+
+@dataclass(slots=True, kw_only=True)
+class DeleteTopicFromNamesrvRequestHeader(Header):
+    """DELETE_TOPIC_IN_NAMESRV (216): the topic on every broker, or on those of ``clusterName``."""
+
+    topic: str = req()
+    clusterName: str | None = opt()
+
+
+@dataclass(slots=True, kw_only=True)
+class GetTopicsByClusterRequestHeader(Header):
+    """GET_TOPICS_BY_CLUSTER (224)."""
+
+    cluster: str = req()

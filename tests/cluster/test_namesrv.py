@@ -1,0 +1,188 @@
+"""Standalone name servers and brokers that join them (issue 25 items 1, 2 and 7), all real processes on loopback."""
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import os
+import signal
+import zlib
+
+import pytest
+
+from halfmq.client import Message, Producer
+from halfmq.client.admin import Admin
+from halfmq.client.errors import NoPermissionError
+from halfmq.client.remoting import Credentials
+from halfmq.protocol.codes import RequestCode, ResponseCode
+
+from tests.support.cluster import LocalCluster, NamesrvProcess, until
+from tests.support.raw import RawClient
+
+FAST = ("--registerNameServerPeriod=300", "--brokerNotActiveTimeoutMillis=2000")
+
+
+async def brokers_known(namesrv: str, credentials=None) -> set[str]:
+    async with Admin(namesrv, credentials=credentials) as admin:
+        return {row["brokerName"] for row in await admin.cluster_list()}
+
+
+@pytest.fixture
+async def cluster(tmp_path):
+    cluster = await LocalCluster(tmp_path, namesrvs=2, brokers=3, broker_flags=FAST,
+                                 namesrv_flags=("--scanNotActiveBrokerInterval=200",)).start()
+    yield cluster
+    await cluster.stop()
+
+
+async def test_brokers_join_every_name_server_and_new_topics_spread_over_them(cluster):
+    for namesrv in cluster.namesrvs:
+        assert await brokers_known(namesrv.addr) == {"broker-0", "broker-1", "broker-2"}
+        async with Admin(namesrv.addr) as admin:
+            info = await admin.cluster_info()
+        assert info["clusterAddrTable"] == {"TestCluster": ["broker-0", "broker-1", "broker-2"]}
+    sent = collections.Counter()
+    async with Producer("PG_SPREAD", cluster.namesrv_addr) as producer:
+        for i in range(60):
+            sent[(await producer.send(Message("Spread", b"%d" % i))).queue.broker_name] += 1
+    assert set(sent) == {"broker-0", "broker-1", "broker-2"}, sent
+
+    async def merged():
+        async with Admin(cluster.namesrvs[1].addr) as admin:
+            route = await admin.topic_route("Spread")
+        return sorted(q["brokerName"] for q in route["queueDatas"]) == ["broker-0", "broker-1", "broker-2"] and route
+    route = await until(merged, 10, "the route of Spread lists every broker's queues")
+    assert {b["brokerName"]: b["brokerAddrs"]["0"] for b in route["brokerDatas"]} == \
+        {f"broker-{i}": b.broker_addr for i, b in enumerate(cluster.brokers)}
+
+
+async def test_a_stopped_broker_leaves_at_once_and_rejoins_when_restarted(cluster):
+    gone = cluster.brokers[1]
+    await gone.stop()
+    for namesrv in cluster.namesrvs:  # unregistered before its port closed: no timeout to wait for
+        assert await brokers_known(namesrv.addr) == {"broker-0", "broker-2"}
+    async with Producer("PG_CARRY_ON", cluster.namesrv_addr) as producer:
+        for i in range(20):
+            assert (await producer.send(Message("CarryOn", b"%d" % i))).queue.broker_name != "broker-1"
+    cluster.brokers[1] = cluster.broker_process(1)
+    await cluster.brokers[1].start()
+    for namesrv in cluster.namesrvs:
+        assert await brokers_known(namesrv.addr) == {"broker-0", "broker-1", "broker-2"}
+
+
+async def test_a_killed_broker_leaves_when_its_connection_closes(cluster):
+    await cluster.brokers[2].kill_group()
+    for namesrv in cluster.namesrvs:
+        await until(lambda: _without(namesrv.addr, "broker-2"), 5, "a killed broker leaves the routes")
+
+
+async def test_a_broker_whose_registrations_stop_expires(cluster):
+    broker = cluster.brokers[0]
+    os.killpg(broker.pgid, signal.SIGSTOP)  # alive, connections open, but silent
+    try:
+        loop_start = asyncio.get_running_loop().time()
+        await until(lambda: _without(cluster.namesrvs[0].addr, "broker-0"), 10, "a silent broker expires")
+        waited = asyncio.get_running_loop().time() - loop_start
+        assert waited >= 1.0, f"dropped after {waited:.2f} s, before brokerNotActiveTimeoutMillis (2 s)"
+    finally:
+        os.killpg(broker.pgid, signal.SIGCONT)
+    await until(lambda: _with(cluster.namesrvs[0].addr, "broker-0"), 10, "the broker rejoins once it registers")
+
+
+async def test_clients_and_brokers_carry_on_when_a_name_server_dies(cluster, tmp_path):
+    await cluster.namesrvs[0].kill()
+    async with Producer("PG_NS_DOWN", cluster.namesrv_addr) as producer:
+        for i in range(10):
+            await producer.send(Message("NsDown", b"%d" % i))
+    # A name server started empty learns every broker from their next registrations.
+    fresh = await NamesrvProcess().start()
+    try:
+        assert await brokers_known(cluster.namesrvs[1].addr) == {"broker-0", "broker-1", "broker-2"}
+    finally:
+        await fresh.stop()
+
+
+async def _without(namesrv: str, name: str) -> bool:
+    return name not in await brokers_known(namesrv)
+
+
+async def _with(namesrv: str, name: str) -> bool:
+    return name in await brokers_known(namesrv)
+
+
+def _registration(name="b-x", broker_id=0, body: bytes | None = None, **extra) -> tuple[dict, bytes]:
+    if body is None:
+        body = json.dumps({"topicConfigSerializeWrapper": {"topicConfigTable": {
+            "T1": {"topicName": "T1", "readQueueNums": 2, "writeQueueNums": 2, "perm": 6}}}}).encode()
+    ext = {"brokerName": name, "brokerAddr": "127.0.0.1:1", "clusterName": "C", "haServerAddr": "",
+           "brokerId": broker_id, "compressed": "false", "bodyCrc32": zlib.crc32(body) & 0x7FFFFFFF, **extra}
+    return ext, body
+
+
+@pytest.mark.parametrize("case, needle", [
+    ("malformed", "malformed body"),
+    ("follower", "brokerId 1"),
+    ("compressed", "compressed"),
+    ("too_many_topics", "namesrvMaxTopicsPerBroker"),
+    ("bad_crc", "bodyCrc32"),
+    ("bad_topic", "topic"),
+    ("bad_name", "brokerName"),
+])
+async def test_bad_registrations_are_refused_with_a_reason(case, needle):
+    namesrv = await NamesrvProcess("--namesrvMaxTopicsPerBroker=3").start()
+    try:
+        client = await RawClient.connect(namesrv.addr)
+        table = {f"T{i}": {"readQueueNums": 1, "writeQueueNums": 1, "perm": 6} for i in range(4)}
+        ext, body = {
+            "malformed": lambda: _registration(body=b"{not json"),
+            "follower": lambda: _registration(broker_id=1),
+            "compressed": lambda: _registration(compressed="true"),
+            "too_many_topics": lambda: _registration(body=json.dumps(
+                {"topicConfigSerializeWrapper": {"topicConfigTable": table}}).encode()),
+            "bad_crc": lambda: (_registration()[0] | {"bodyCrc32": "12345"}, _registration()[1]),
+            "bad_topic": lambda: _registration(body=json.dumps({"topicConfigSerializeWrapper": {
+                "topicConfigTable": {"bad topic!": {"readQueueNums": 1, "writeQueueNums": 1, "perm": 6}}}}).encode()),
+            "bad_name": lambda: _registration(name="a\nb"),
+        }[case]()
+        answer = await client.request(RequestCode.REGISTER_BROKER, ext, body)
+        assert answer.code == ResponseCode.SYSTEM_ERROR and needle in answer.remark, (answer.code, answer.remark)
+        assert await brokers_known(namesrv.addr) == set()
+        good_ext, good_body = _registration()
+        assert (await client.request(RequestCode.REGISTER_BROKER, good_ext, good_body)).code == ResponseCode.SUCCESS
+        assert await brokers_known(namesrv.addr) == {"b-x"}
+        client.transport.close()
+    finally:
+        await namesrv.stop()
+
+
+async def test_with_acl_only_an_admin_account_registers(tmp_path):
+    acl = tmp_path / "plain_acl.yml"
+    acl.write_text("accounts:\n  - accessKey: ops\n    secretKey: ops-secret-1\n    admin: true\n"
+                   "  - accessKey: app\n    secretKey: app-secret-1\n    defaultTopicPerm: PUB|SUB\n")
+    namesrv = await NamesrvProcess("--aclEnable=true", f"--aclConfigFile={acl}").start()
+    try:
+        client = await RawClient.connect(namesrv.addr)
+        ext, body = _registration()
+        answer = await client.request(RequestCode.REGISTER_BROKER, ext, body)
+        assert answer.code == ResponseCode.NO_PERMISSION
+        from halfmq.broker.acl import signature
+        for key, secret, code in (("app", "app-secret-1", ResponseCode.NO_PERMISSION),
+                                  ("ops", "ops-secret-1", ResponseCode.SUCCESS)):
+            signed = {k: str(v) for k, v in ext.items()} | {"AccessKey": key}
+            signed["Signature"] = signature(secret, signed, body)
+            assert (await client.request(RequestCode.REGISTER_BROKER, signed, body)).code == code
+        client.transport.close()
+        # A broker signs its registrations with namesrvAccessKey / namesrvSecretKey.
+        cluster = await LocalCluster(tmp_path, namesrvs=0, brokers=0).start()
+        cluster.namesrvs = [namesrv]
+        broker = cluster.broker_process(7, "--namesrvAccessKey=ops", "--namesrvSecretKey=ops-secret-1")
+        await broker.start()
+        try:
+            # Every request to a name server with ACL is signed, reads too (as 4.x clients sign them all).
+            with pytest.raises(NoPermissionError):
+                await brokers_known(namesrv.addr)
+            assert "broker-7" in await brokers_known(namesrv.addr, Credentials("app", "app-secret-1"))
+        finally:
+            await broker.stop()
+    finally:
+        await namesrv.stop()
