@@ -34,6 +34,7 @@ _STATUS = {ResponseCode.SUCCESS: SendStatus.SEND_OK, ResponseCode.FLUSH_DISK_TIM
     "properties", "reconsumeTimes", "unitMode", "batch"))
 
 
+BROKER_ISOLATION_S = 5.0  #: how long sends avoid a broker that failed one (it gets a new try after)
 DEFAULT_MAX_MESSAGE_SIZE = 4 << 20  #: the broker's default maxMessageSize, and RocketMQ producers' maxMessageSize
 
 
@@ -66,6 +67,9 @@ class Producer:
         self.instance.producer_groups.add(group)
         self.uniq = UniqKeyGenerator(client_ip)
         self._counter = itertools.count()
+        #: broker name → until when sends avoid it: it refused a connection or timed out (RocketMQ's producers do
+        #: the same, sendLatencyFaultEnable): a retry then goes to another broker, not the dead one's next queue
+        self._isolated: dict[str, float] = {}
         self.started = False
 
     async def start(self) -> None:
@@ -122,7 +126,7 @@ class Producer:
             route = instance.routes.cached(msg.topic) or await instance.routes.get(msg.topic, self.auto_create)
             if not route.write_queues:
                 raise ClientError(f"topic {msg.topic} has no writable queue")
-            target = queue or route.write_queues[next(self._counter) % len(route.write_queues)]
+            target = queue or self._pick(route.write_queues)
             addr = route.addr_of(target.broker_name)
             try:
                 if addr not in instance.brokers:
@@ -132,6 +136,7 @@ class Producer:
                                           msg.body if body is None else body, self.send_timeout)
             except ClientError as exc:
                 last = exc
+                self._isolated[target.broker_name] = time.monotonic() + BROKER_ISOLATION_S
                 log.debug("send attempt %d to %s failed: %s", attempt + 1, addr, exc)
                 continue
             status = _STATUS.get(resp.code)
@@ -148,6 +153,18 @@ class Producer:
             if resp.code == ResponseCode.TOPIC_NOT_EXIST:
                 self.instance.routes.invalidate(msg.topic)
         raise last or ClientError("send failed")
+
+    def _pick(self, queues: list[MessageQueue]) -> MessageQueue:
+        """The next queue, round robin, skipping brokers that failed a send lately (while any other is left)."""
+        start = next(self._counter)
+        if self._isolated:
+            now = time.monotonic()
+            for offset in range(len(queues)):
+                candidate = queues[(start + offset) % len(queues)]
+                until = self._isolated.get(candidate.broker_name)
+                if until is None or until <= now:
+                    return candidate
+        return queues[start % len(queues)]
 
     def _check_size(self, size: int) -> None:
         if size > self.max_message_size:

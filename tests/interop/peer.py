@@ -61,9 +61,12 @@ def consume(args):
     consumer.set_name_server_address(args["namesrv"])
     consumer.subscribe(args["topic"], on_message, args.get("expression", "*"))
     consumer.start()
-    enough.wait(args["timeout"])
-    # A quiet window after the expected count, to catch duplicates or messages that should never arrive.
-    time.sleep(args.get("quiet", 1.0))
+    if args.get("until_eof"):
+        sys.stdin.read()  # one of several consumers of a group: the test knows when the group has read everything
+    else:
+        enough.wait(args["timeout"])
+        # A quiet window after the expected count, to catch duplicates or messages that should never arrive.
+        time.sleep(args.get("quiet", 1.0))
     with lock:
         emit({"received": received})
     if args.get("hold"):
