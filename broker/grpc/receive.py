@@ -244,6 +244,10 @@ class ReceiveService:
         """
         group, topic = checked_group(request.group), checked_topic(request.message_queue.topic)
         require(caller, (GROUP, group, SUB), (TOPIC, topic, SUB))
+        owner, here = request.message_queue.broker.name, self.ctx.config.brokerName
+        if owner and owner != here:  # never served from this store: the client's route is stale
+            raise GrpcError(Code["BAD_REQUEST"], f"queue {request.message_queue.id} of {topic} belongs to broker "
+                                                 f"{owner[:100]}, not to this broker ({here}): query the route again")
         config = self.consumer.readable_topic(topic)
         await self.ctx.topics.ensure_group(group)
         batch = request.batch_size

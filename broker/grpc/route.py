@@ -1,20 +1,30 @@
 """QueryRoute, Heartbeat, QueryAssignment, NotifyClientTermination and Telemetry (the settings exchange).
 
 A route is asked for by producers and consumers alike; only a caller that may publish to the topic may have it
-auto-created by asking (as a remoting send may), others get TOPIC_NOT_FOUND for a missing topic. A Settings message
-is bounded (grpcTelemetryMaxSettingsBytes, grpcTelemetryMaxSettingsTopics) before anything of it is kept, and a
-stream's commands are read only while its reader takes the answers (sessions.py).
+auto-created by asking (as a remoting send may), others get TOPIC_NOT_FOUND for a missing topic.
+
+A broker with namesrvAddr answers QueryRoute and QueryAssignment from the name servers' merged route: every broker's
+queues, each with that broker's own gRPC endpoint (its registration's grpcAddr). A client then sends to, receives
+from and acknowledges at the broker that holds the queue, and that broker checks its own halves back over the
+client's stream to it. (The alternative, one endpoint forwarding each request to the right broker as RocketMQ 5's
+proxy does in cluster mode, would add a hop and a copy of every message to each request.) A receive naming another
+broker's queue is refused (receive.py): the client's route is stale.
+
+A Settings message is bounded (grpcTelemetryMaxSettingsBytes, grpcTelemetryMaxSettingsTopics) before anything of it
+is kept, and a stream's commands are read only while its reader takes the answers (sessions.py).
 """
 from __future__ import annotations
 
 import asyncio
 import ipaddress
 import logging
+from dataclasses import dataclass
 
 from halfmq.protocol.codes import Perm
 
 from ..names import check_group, validate_topic_name
-from ..topics import SEND_FORBIDDEN
+from ..namesrv.lookup import BrokerQueues, NoNameServerAnswered
+from ..topics import DEFAULT_TOPIC, SEND_FORBIDDEN
 from .auth import GROUP, PUB, SUB, TOPIC, Caller, authenticate, may_publish, require
 from .oversized import Oversized
 from .schema import AddressScheme, ClientType, Code, MessageType, Permission, pb
@@ -65,65 +75,126 @@ def checked_group(resource) -> str:
     return name
 
 
+@dataclass(frozen=True, slots=True)
+class Served:
+    """One broker's queues of a topic as gRPC answers list them, with the endpoint that serves them."""
+    broker_name: str
+    endpoints: object  #: pb.Endpoints
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int
+    types: tuple[int, ...]
+
+
+def endpoints(host: str, port: int):
+    """A gRPC address as routes advertise it."""
+    ends = pb.Endpoints()
+    try:
+        version = ipaddress.ip_address(host).version
+        ends.scheme = AddressScheme["IPv4"] if version == 4 else AddressScheme["IPv6"]
+    except ValueError:
+        ends.scheme = AddressScheme["DOMAIN_NAME"]
+    ends.addresses.add(host=host, port=port)
+    return ends
+
+
 class RouteService:
     def __init__(self, endpoint, producer):
         self.endpoint = endpoint
         self.ctx = endpoint.ctx
         self.sessions = endpoint.sessions
         self.producer = producer
+        self.lookup = endpoint.lookup  #: with namesrvAddr, the cluster's routes (broker/namesrv/lookup.py)
 
     def endpoints(self):
         """This gRPC endpoint as routes advertise it (brokerIP1 or the bound address, and the gRPC port)."""
-        host = self.ctx.config.advertised_ip
-        ends = pb.Endpoints()
-        try:
-            version = ipaddress.ip_address(host).version
-            ends.scheme = AddressScheme["IPv4"] if version == 4 else AddressScheme["IPv6"]
-        except ValueError:
-            ends.scheme = AddressScheme["DOMAIN_NAME"]
-        ends.addresses.add(host=host, port=self.endpoint.port)
-        return ends
+        return endpoints(self.ctx.config.advertised_ip, self.endpoint.port)
 
-    def message_queue(self, config, queue_id: int, namespace: str = ""):
+    @staticmethod
+    def message_queue(topic: str, served: Served, queue_id: int, namespace: str = ""):
         mq = pb.MessageQueue()
-        mq.topic.name = config.name
+        mq.topic.name = topic
         mq.topic.resource_namespace = namespace
         mq.id = queue_id
-        mq.permission = _permission(config.perm)
-        mq.broker.name = self.ctx.config.brokerName
+        mq.permission = _permission(served.perm)
+        mq.broker.name = served.broker_name
         mq.broker.id = 0
-        mq.broker.endpoints.CopyFrom(self.endpoints())
-        mq.accept_message_types.extend(accepted_types(config))
+        mq.broker.endpoints.CopyFrom(served.endpoints)
+        mq.accept_message_types.extend(served.types)
         return mq
+
+    async def served(self, topic: str, create: bool) -> list[Served]:
+        """Every broker's queues of ``topic``: this broker's alone, or with namesrvAddr the cluster's. ``create``:
+        the caller may publish, and a missing topic is created as a send creates it.
+
+        Raises:
+            GrpcError: TOPIC_NOT_FOUND; INTERNAL_SERVER_ERROR when no name server answers.
+        """
+        if self.lookup is not None:
+            return await self._served_by_cluster(topic, create)
+        config = self.ctx.topics.get(topic)
+        if config is None:
+            if not create:  # only a sender may create a topic, as a remoting send would
+                raise GrpcError(Code["TOPIC_NOT_FOUND"], f"topic {topic} does not exist")
+            config = await self.producer.topic_for_send(topic)
+        return [Served(self.ctx.config.brokerName, self.endpoints(), config.read_queue_nums, config.write_queue_nums,
+                       config.perm, accepted_types(config))]
+
+    async def _served_by_cluster(self, topic: str, create: bool) -> list[Served]:
+        brokers = await self._cluster_route(topic)
+        # Routes carry no message type: a topic is declared alike on every broker of a cluster (mqadmin updateTopic
+        # -c), so this broker's declaration stands for all; one it does not hold is taken as undeclared.
+        local = self.ctx.topics.get(topic)
+        types = accepted_types(local) if local is not None else ALL_TYPES
+        if brokers is None:
+            if not create:
+                raise GrpcError(Code["TOPIC_NOT_FOUND"], f"topic {topic} does not exist (no name server knows it)")
+            # As RocketMQ's clients do with a new topic in a cluster: every broker that may create topics (its
+            # TBW102 inherits) gets the topic's queues, and each creates the topic on its first send.
+            brokers = [BrokerQueues(b.broker_name, b.write_queue_nums, b.write_queue_nums, b.perm & ~Perm.INHERIT,
+                                    b.grpc) for b in await self._cluster_route(DEFAULT_TOPIC) or ()
+                       if b.perm & Perm.INHERIT]
+            if not brokers:
+                raise GrpcError(Code["TOPIC_NOT_FOUND"], f"topic {topic} does not exist, and no broker of the "
+                                                         f"cluster creates topics (autoCreateTopicEnable=false)")
+        # A broker without a gRPC endpoint cannot serve these clients: its queues are left out.
+        served = [Served(b.broker_name, endpoints(*b.grpc), b.read_queue_nums, b.write_queue_nums, b.perm, types)
+                  for b in brokers if b.grpc is not None]
+        if not served:
+            raise GrpcError(Code["TOPIC_NOT_FOUND"], f"no broker holding topic {topic} serves RocketMQ 5 clients "
+                                                     f"(grpcListenPort)")
+        return served
+
+    async def _cluster_route(self, topic: str) -> tuple[BrokerQueues, ...] | None:
+        try:
+            return await self.lookup.route(topic)
+        except NoNameServerAnswered as exc:
+            raise GrpcError(Code["INTERNAL_SERVER_ERROR"], str(exc)) from None
 
     async def query_route(self, request, caller: Caller):
         topic = checked_topic(request.topic)
         publisher = topic not in SEND_FORBIDDEN and may_publish(caller, topic)
         if not publisher:
             require(caller, (TOPIC, topic, SUB))
-        config = self.ctx.topics.get(topic)
-        if config is None:
-            if not publisher:  # only a sender may create a topic, as a remoting send would
-                raise GrpcError(Code["TOPIC_NOT_FOUND"], f"topic {topic} does not exist")
-            config = await self.producer.topic_for_send(topic)
+        namespace = request.topic.resource_namespace
         response = pb.QueryRouteResponse(status=ok())
-        for queue_id in range(config.queue_nums):
-            response.message_queues.append(self.message_queue(config, queue_id, request.topic.resource_namespace))
+        for served in await self.served(topic, create=publisher):
+            for queue_id in range(max(served.read_queue_nums, served.write_queue_nums)):
+                response.message_queues.append(self.message_queue(topic, served, queue_id, namespace))
         return response
 
     async def query_assignment(self, request, caller: Caller):
-        """Every queue of the topic, to every consumer of the group: with receipts, consumers of a group share
-        queues safely (a message is invisible to the others while one holds it)."""
+        """Every readable queue of the topic, to every consumer of the group: with receipts, consumers of a group
+        share queues safely (a message is invisible to the others while one holds it)."""
         topic, group = checked_topic(request.topic), checked_group(request.group)
         require(caller, (GROUP, group, SUB), (TOPIC, topic, SUB))
-        config = self.ctx.topics.get(topic)
-        if config is None:
-            raise GrpcError(Code["TOPIC_NOT_FOUND"], f"topic {topic} does not exist")
+        namespace = request.topic.resource_namespace
         response = pb.QueryAssignmentResponse(status=ok())
-        if config.readable:
-            for queue_id in range(config.read_queue_nums):
-                response.assignments.add().message_queue.CopyFrom(
-                    self.message_queue(config, queue_id, request.topic.resource_namespace))
+        for served in await self.served(topic, create=False):
+            if served.perm & Perm.READ:
+                for queue_id in range(served.read_queue_nums):
+                    response.assignments.add().message_queue.CopyFrom(
+                        self.message_queue(topic, served, queue_id, namespace))
         return response
 
     async def heartbeat(self, request, caller: Caller):

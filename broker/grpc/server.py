@@ -18,6 +18,7 @@ import time
 
 import grpc
 
+from ..namesrv.lookup import RouteLookup
 from ..services.periodic import PeriodicTask
 from .auth import authenticate
 from .oversized import Oversized, bounded
@@ -49,6 +50,8 @@ class GrpcEndpoint:
         self.port = 0
         self.addr = ""
         self.sessions = Sessions(ctx)
+        #: with namesrvAddr, routes list the whole cluster's queues (route.py)
+        self.lookup = RouteLookup(ctx.config) if ctx.config.namesrvAddr else None
         self.route = RouteService(self, producer)
         self.send = SendService(self, producer)
         self.receive = ReceiveService(self, consumer)
@@ -192,6 +195,8 @@ class GrpcEndpoint:
         if self._server is not None:
             await self._server.stop(grace_s)
             self._server = None
+        if self.lookup is not None:
+            await self.lookup.close()
 
 
 __all__ = ["GrpcEndpoint", "GrpcError"]

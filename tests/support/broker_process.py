@@ -15,6 +15,7 @@ import signal
 import sys
 
 READY = re.compile(rb"halfmq ready: broker (\S+) namesrv (\S+)")
+READY_GRPC = re.compile(rb" grpc (\S+)")  #: on the ready line: "-" when gRPC is off
 
 
 class BrokerDidNotStart(RuntimeError):
@@ -29,6 +30,7 @@ class BrokerProcess:
         self.proc: asyncio.subprocess.Process | None = None
         self.pgid: int | None = None
         self.broker_addr = self.namesrv = ""
+        self.grpc_addr = ""  #: HOST:PORT of its gRPC endpoint, with --grpcListenPort=0 (or another port)
         self.lines: collections.deque[str] = collections.deque(maxlen=200)
         self._drain: asyncio.Task | None = None
 
@@ -57,6 +59,8 @@ class BrokerProcess:
             match = READY.search(line)
             if match:
                 self.broker_addr, self.namesrv = match.group(1).decode(), match.group(2).decode()
+                grpc = READY_GRPC.search(line)
+                self.grpc_addr = grpc.group(1).decode() if grpc and grpc.group(1) != b"-" else ""
                 return
 
     async def _drain_output(self) -> None:
