@@ -1,48 +1,75 @@
 """Admin: operator requests over the protocol's admin request codes (what ``halfmq admin`` runs, see admin_cli).
 
 Each method returns plain data (rows as dicts, messages as MessageExt); the transaction tables are async iterators
-that page through every row.
+that page through every row. In a cluster, changes go to every master broker (of ``cluster``, or ``broker`` alone)
+and the tables that span brokers list each row's broker.
 
-    async with Admin("127.0.0.1:9876") as admin:
+    async with Admin("127.0.0.1:9876;127.0.0.1:9877") as admin:
         print(await admin.topic_list())
-        async for half in admin.pending_halves():
+        await admin.update_topic("Orders", 8, 8)      # on every master of the cluster
+        async for half in admin.pending_halves():     # one broker's
             print(half["transactionId"], half["ageMillis"])
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import ssl
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, NamedTuple, TypeVar
 
 from halfmq.protocol.codes import RequestCode, ResponseCode, language_name, version_name
 from halfmq.protocol.errors import MessageFormatError
 from halfmq.protocol.headers import (ConnectionListRequestHeader, ConsumeStatsRequestHeader, CreateTopicRequestHeader,
-                                     DeleteSubscriptionGroupRequestHeader, HalfStatusRequestHeader, QueryMessageRequestHeader, QueueRequestHeader,
+                                     DeleteSubscriptionGroupRequestHeader, DeleteTopicFromNamesrvRequestHeader,
+                                     HalfStatusRequestHeader, QueryMessageRequestHeader, QueueRequestHeader,
                                      ResumeCheckHalfMessageRequestHeader, TopicRequestHeader, ViewMessageRequestHeader)
 from halfmq.protocol.message import decode_offset_msg_id, decode_records
 
-from .errors import ClientError, ConnectionClosedError, error_for
+from .errors import AddressError, BrokerError, ClientError, ConnectionClosedError, RequestTimeoutError, error_for
 from .message import MessageExt
-from .remoting import ConnectionPool, Credentials
+from .remoting import ConnectionPool, Credentials, parse_address
+
+T = TypeVar("T")
+
+
+class Broker(NamedTuple):
+    """A master broker as the name servers list it."""
+
+    name: str
+    addr: str
+    cluster: str
 
 
 class Admin:
-    """Admin requests to the brokers a name server knows.
+    """Admin requests to the name servers and the brokers they know.
 
     Args:
-        namesrv: name server address.
-        broker: broker address to send broker requests to (default: the first master the name server knows).
+        namesrv: name server address HOST:PORT, or several separated by ';' (a request the first cannot answer
+            goes to the next).
+        broker: the one broker, by address or name, that broker requests go to (default: see ``brokers``).
+        cluster: broker requests go to this cluster's masters (default: see ``brokers``).
+
+    Raises:
+        AddressError: a name server address that is not HOST:PORT.
     """
 
     def __init__(self, namesrv: str, broker: str | None = None, credentials: Credentials | None = None,
-                 tls: ssl.SSLContext | None = None, timeout: float = 5.0):
+                 tls: ssl.SSLContext | None = None, timeout: float = 5.0, cluster: str | None = None):
         self.namesrv = namesrv
+        self.namesrvs = [a.strip() for a in namesrv.split(";") if a.strip()]
+        if not self.namesrvs:
+            raise AddressError(f"no name server address in {namesrv!r}: write HOST:PORT, several separated by ';'")
+        for addr in self.namesrvs:
+            parse_address(addr)  # a typo is reported as one, not as a name server that is down
         self.broker = broker
+        self.cluster = cluster
         self.credentials = credentials
         self.tls = tls
         self.timeout = timeout
         self.pool = ConnectionPool(credentials=credentials, tls=tls)
+        self._answering = self.namesrvs[0]  #: the name server that answered last: asked first
+        self._one: str | None = None  #: broker_addr's broker, looked up once
 
     async def close(self) -> None:
         await self.pool.close()
@@ -56,13 +83,7 @@ class Admin:
     async def call(self, addr: str, code: int, ext: dict | None = None, body: bytes = b"",
                    timeout: float | None = None):
         """One request (``timeout``: the Admin's unless given); raises the BrokerError of any answer but SUCCESS."""
-        try:
-            conn = await self.pool.get(addr)
-        except ConnectionClosedError as exc:
-            if addr != self.namesrv:
-                raise
-            # The first thing most commands do: say which option points there.
-            raise ConnectionClosedError(f"cannot reach the name server (-n/--namesrv): {exc}") from None
+        conn = await self.pool.get(addr)
         resp = await conn.request(code, {k: str(v) for k, v in (ext or {}).items()}, body, timeout or self.timeout)
         if resp.code != ResponseCode.SUCCESS:
             raise error_for(resp.code, resp.remark)
@@ -71,23 +92,112 @@ class Admin:
     async def json_call(self, addr: str, code: int, ext: dict | None = None, body: bytes = b"") -> Any:
         return json.loads((await self.call(addr, code, ext, body)).body or b"{}")
 
+    async def namesrv_call(self, code: int, ext: dict | None = None, body: bytes = b""):
+        """A request to the name servers: to the one that answered last, and while one is down or silent, to the
+        next (each knows every broker, as every broker registers with all of them).
+
+        Raises:
+            ConnectionClosedError: none of them answered.
+        """
+        first = self.namesrvs.index(self._answering)
+        unreachable = []
+        for addr in self.namesrvs[first:] + self.namesrvs[:first]:
+            try:
+                resp = await self.call(addr, code, ext, body)
+            except (ConnectionClosedError, RequestTimeoutError) as exc:
+                unreachable.append(str(exc))
+                continue
+            self._answering = addr
+            return resp
+        if len(unreachable) == 1:  # the first thing most commands do: say which option points there
+            raise ConnectionClosedError(f"cannot reach the name server (-n/--namesrv): {unreachable[0]}")
+        raise ConnectionClosedError(f"cannot reach any name server (-n/--namesrv): {'; '.join(unreachable)}")
+
+    async def namesrv_json(self, code: int, ext: dict | None = None) -> Any:
+        return json.loads((await self.namesrv_call(code, ext)).body or b"{}")
+
     # --- where requests go ---
     async def cluster_info(self) -> dict:
-        return await self.json_call(self.namesrv, RequestCode.GET_BROKER_CLUSTER_INFO)
+        return await self.namesrv_json(RequestCode.GET_BROKER_CLUSTER_INFO)
+
+    async def masters(self) -> list[Broker]:
+        """Every master broker the name servers know, by name."""
+        info = await self.cluster_info()
+        cluster_of = {name: cluster for cluster, names in info.get("clusterAddrTable", {}).items() for name in names}
+        return [Broker(name, data["brokerAddrs"]["0"], data.get("cluster") or cluster_of.get(name, ""))
+                for name, data in sorted(info.get("brokerAddrTable", {}).items())
+                if "0" in data.get("brokerAddrs", {})]
 
     async def broker_addrs(self) -> dict[str, str]:
-        """Broker name → master address, as the name server has them."""
-        info = await self.cluster_info()
-        return {name: data["brokerAddrs"]["0"] for name, data in info.get("brokerAddrTable", {}).items()
-                if "0" in data.get("brokerAddrs", {})}
+        """Broker name → master address, as the name servers have them."""
+        return {b.name: b.addr for b in await self.masters()}
+
+    async def brokers(self, one_cluster: bool = False) -> list[Broker]:
+        """The brokers broker requests go to: ``broker`` alone; else every master of ``cluster``; else every master
+        the name servers know. ``one_cluster`` (for changes): without ``broker`` or ``cluster`` the name servers must
+        know one cluster only, so a change never reaches another cluster unasked.
+
+        Raises:
+            ClientError: no broker known, an unknown cluster or broker, several clusters with ``one_cluster``.
+        """
+        masters = await self.masters()
+        if not masters:
+            raise ClientError("the name servers know no broker")
+        clusters = sorted({b.cluster for b in masters})
+        chosen = masters
+        if self.cluster is not None:
+            chosen = [b for b in masters if b.cluster == self.cluster]
+            if not chosen:
+                raise ClientError(f"unknown cluster {self.cluster!r} (-c/--cluster): the name servers know "
+                                  f"{', '.join(clusters)}")
+        if self.broker is not None:
+            named = [b for b in chosen if self.broker in (b.name, b.addr)]
+            if not named:
+                where = f" in cluster {self.cluster}" if self.cluster is not None else ""
+                raise ClientError(f"unknown broker {self.broker!r} (-b/--broker){where}: the name servers know "
+                                  + ", ".join(f"{b.name} ({b.addr})" for b in chosen))
+            return named[:1]
+        if one_cluster and self.cluster is None and len(clusters) > 1:
+            raise ClientError(f"the name servers know {len(clusters)} clusters ({', '.join(clusters)}): name one "
+                              f"with -c/--cluster, or a broker with -b/--broker")
+        return chosen
 
     async def broker_addr(self) -> str:
-        if self.broker:
-            return self.broker
-        for addr in (await self.broker_addrs()).values():
-            self.broker = addr
-            return addr
-        raise ClientError("the name server knows no broker")
+        """The broker of the requests that go to one: ``broker``, else the first master (of ``cluster``)."""
+        if self._one is None:
+            self._one = (await self.brokers())[0].addr
+        return self._one
+
+    async def on_each(self, brokers: list[Broker], request: Callable[[Broker], Awaitable[T]],
+                      absent: int | None = None) -> list[tuple[Broker, T]]:
+        """``request(broker)`` on every broker at once: (broker, result) in the brokers' order. A broker that answers
+        ``absent`` (it holds no such topic, group or message) is left out; when every broker does, that is raised.
+
+        Raises:
+            ClientError: a broker failed: its own error when it is the only one asked, else one error naming
+                every broker that failed (and where the request succeeded: a change was made there).
+        """
+        outcomes = await asyncio.gather(*(request(b) for b in brokers), return_exceptions=True)
+        done, failed, absences = [], [], []
+        for broker, outcome in zip(brokers, outcomes, strict=True):
+            if isinstance(outcome, BrokerError) and absent is not None and outcome.code == absent:
+                absences.append(outcome)
+            elif isinstance(outcome, ClientError):
+                failed.append((broker, outcome))
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            else:
+                done.append((broker, outcome))
+        if failed and len(brokers) == 1:
+            raise failed[0][1]
+        if failed:
+            reasons = "; ".join(f"{b.name} ({b.addr}): {exc}" for b, exc in failed)
+            if not done:
+                raise ClientError(f"no broker answered: {reasons}", failed[0][1].code)
+            raise ClientError(f"{reasons} (succeeded on {', '.join(b.name for b, _ in done)})", failed[0][1].code)
+        if not done and absences:
+            raise absences[0]
+        return done
 
     # --- cluster and topics ---
     async def cluster_list(self) -> list[dict]:
@@ -97,46 +207,84 @@ class Admin:
                 for bid, addr in info["brokerAddrTable"][name]["brokerAddrs"].items()]
 
     async def topic_list(self) -> list[str]:
-        data = await self.json_call(self.namesrv, RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER)
+        data = await self.namesrv_json(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER)
         return list(data.get("topicList", []))
 
     async def topic_route(self, topic: str) -> dict:
         """The name server's route: ``brokerDatas`` (name → addresses) and ``queueDatas`` (queues per broker)."""
-        return await self.json_call(self.namesrv, RequestCode.GET_ROUTEINFO_BY_TOPIC,
-                                    TopicRequestHeader(topic=topic).to_ext())
+        return await self.namesrv_json(RequestCode.GET_ROUTEINFO_BY_TOPIC, TopicRequestHeader(topic=topic).to_ext())
+
+    @staticmethod
+    def _route_brokers(route: dict) -> list[Broker]:
+        return [Broker(b["brokerName"], b["brokerAddrs"]["0"], b.get("cluster") or "")
+                for b in route["brokerDatas"] if "0" in b["brokerAddrs"]]
 
     async def topic_status(self, topic: str) -> list[dict]:
+        """Per queue of every broker of the route (of ``cluster``, or ``broker`` alone): min and max offset."""
         route = await self.topic_route(topic)
-        addrs = {b["brokerName"]: b["brokerAddrs"]["0"] for b in route["brokerDatas"] if "0" in b["brokerAddrs"]}
-        rows = []
-        for data in route["queueDatas"]:
-            addr = addrs.get(data["brokerName"])
-            if addr is None:
-                continue
-            for q in range(data["readQueueNums"]):
+        holders = self._route_brokers(route)
+        if self.broker is not None or self.cluster is not None:
+            chosen = {b.name for b in await self.brokers()}
+            holders = [b for b in holders if b.name in chosen]
+        queues = {data["brokerName"]: data["readQueueNums"] for data in route["queueDatas"]}
+
+        async def offsets(broker: Broker) -> list[dict]:
+            rows = []
+            for q in range(queues.get(broker.name, 0)):
                 ext = QueueRequestHeader(topic=topic, queueId=q).to_ext()
-                low = (await self.call(addr, RequestCode.GET_MIN_OFFSET, ext)).ext_fields["offset"]
-                high = (await self.call(addr, RequestCode.GET_MAX_OFFSET, ext)).ext_fields["offset"]
-                rows.append({"brokerName": data["brokerName"], "queueId": q, "minOffset": int(low),
-                             "maxOffset": int(high)})
-        return rows
+                low = (await self.call(broker.addr, RequestCode.GET_MIN_OFFSET, ext)).ext_fields["offset"]
+                high = (await self.call(broker.addr, RequestCode.GET_MAX_OFFSET, ext)).ext_fields["offset"]
+                rows.append({"brokerName": broker.name, "queueId": q, "minOffset": int(low), "maxOffset": int(high)})
+            return rows
+        return [row for _broker, rows in await self.on_each(holders, offsets) for row in rows]
 
     async def update_topic(self, topic: str, read_queues: int = 8, write_queues: int = 8, perm: int = 6,
                            attributes: str | None = None) -> None:
-        """Create or change a topic; ``attributes`` as mqadmin's -a, e.g. "+message.type=FIFO"."""
+        """Create or change a topic on every broker ``brokers(one_cluster=True)`` names (mqadmin's -c, or -b);
+        ``attributes`` as mqadmin's -a, e.g. "+message.type=FIFO". Each broker registers again at once, so the
+        routes list its queues a moment later."""
         header = CreateTopicRequestHeader(topic=topic, readQueueNums=read_queues, writeQueueNums=write_queues,
-                                          perm=perm, attributes=attributes)
-        await self.call(await self.broker_addr(), RequestCode.UPDATE_AND_CREATE_TOPIC, header.to_ext())
+                                          perm=perm, attributes=attributes).to_ext()
+        await self.on_each(await self.brokers(one_cluster=True),
+                           lambda b: self.call(b.addr, RequestCode.UPDATE_AND_CREATE_TOPIC, header))
 
     async def delete_topic(self, topic: str) -> None:
-        await self.call(await self.broker_addr(), RequestCode.DELETE_TOPIC_IN_BROKER,
-                        TopicRequestHeader(topic=topic).to_ext())
+        """Delete a topic on every broker of its route (of ``cluster``'s masters; of ``broker`` alone), then, unless
+        one broker was named, in every name server (of ``cluster``), so no route lists it from now on, not only
+        once each broker has registered again.
+
+        Raises:
+            TopicNotExistError: no broker holds the topic.
+        """
+        if self.broker is None and self.cluster is None:
+            holders = self._route_brokers(await self.topic_route(topic))
+        else:
+            holders = await self.brokers()
+        ext = TopicRequestHeader(topic=topic).to_ext()
+        await self.on_each(holders, lambda b: self.call(b.addr, RequestCode.DELETE_TOPIC_IN_BROKER, ext),
+                           absent=ResponseCode.TOPIC_NOT_EXIST)
+        if self.broker is None:  # one broker's topic: the others of the cluster keep theirs in the routes
+            await asyncio.gather(*(self._forget_topic(addr, topic) for addr in self.namesrvs))
+
+    async def _forget_topic(self, namesrv: str, topic: str) -> None:
+        ext = DeleteTopicFromNamesrvRequestHeader(topic=topic, clusterName=self.cluster).to_ext()
+        try:
+            await self.call(namesrv, RequestCode.DELETE_TOPIC_IN_NAMESRV, ext)
+        except (ConnectionClosedError, RequestTimeoutError):
+            pass  # down: it learns from the brokers' next registrations, which no longer list the topic
+        except BrokerError as exc:
+            # A lone broker's built-in name server serves no deletions: it reads the broker's own topics live.
+            if exc.code != ResponseCode.REQUEST_CODE_NOT_SUPPORTED:
+                raise
 
     # --- groups and clients ---
     async def consumer_progress(self, group: str, topic: str | None = None) -> list[dict]:
-        """Per queue: broker offset, the group's offset and the difference."""
+        """Per queue of every broker ``brokers`` names: broker offset, the group's offset and the difference."""
         ext = ConsumeStatsRequestHeader(consumerGroup=group, topic=topic or None).to_ext()
-        return (await self.json_call(await self.broker_addr(), RequestCode.GET_CONSUME_STATS, ext))["offsetTable"]
+
+        async def stats(broker: Broker) -> list[dict]:
+            return (await self.json_call(broker.addr, RequestCode.GET_CONSUME_STATS, ext))["offsetTable"]
+        return [row for _broker, rows in await self.on_each(await self.brokers(), stats) for row in rows]
 
     @staticmethod
     def _named(connections: list[dict]) -> list[dict]:
@@ -156,30 +304,46 @@ class Admin:
         return {**data, "connectionSet": self._named(data["connectionSet"])}
 
     async def update_sub_group(self, group: str) -> None:
-        """Create a subscription group (halfmq keeps no settings per group: RocketMQ's defaults apply)."""
-        await self.call(await self.broker_addr(), RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
-                        body=json.dumps({"groupName": group}).encode())
+        """Create a subscription group on every broker ``brokers(one_cluster=True)`` names (halfmq keeps no
+        settings per group: RocketMQ's defaults apply)."""
+        body = json.dumps({"groupName": group}).encode()
+        await self.on_each(await self.brokers(one_cluster=True),
+                           lambda b: self.call(b.addr, RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, body=body))
 
     async def delete_sub_group(self, group: str) -> None:
-        await self.call(await self.broker_addr(), RequestCode.DELETE_SUBSCRIPTIONGROUP,
-                        DeleteSubscriptionGroupRequestHeader(groupName=group).to_ext())
+        """Delete a subscription group on every broker ``brokers(one_cluster=True)`` names that has it."""
+        ext = DeleteSubscriptionGroupRequestHeader(groupName=group).to_ext()
+        await self.on_each(await self.brokers(one_cluster=True),
+                           lambda b: self.call(b.addr, RequestCode.DELETE_SUBSCRIPTIONGROUP, ext),
+                           absent=ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST)
 
     # --- messages ---
+    async def _holder(self, offset_msg_id: str) -> str:
+        """The broker an offsetMsgId names, if the name servers know it, else ``broker_addr``.
+
+        Raises:
+            MessageFormatError: not an offsetMsgId.
+        """
+        host, _offset = decode_offset_msg_id(offset_msg_id)
+        return host if host in (await self.broker_addrs()).values() else await self.broker_addr()
+
     async def view_message(self, offset_msg_id: str) -> MessageExt:
         """The message an offsetMsgId names (VIEW_MESSAGE_BY_ID on the broker the id names).
 
         Raises:
             MessageFormatError: not an offsetMsgId.
         """
-        host, offset = decode_offset_msg_id(offset_msg_id)
-        addr = host if host in (await self.broker_addrs()).values() else await self.broker_addr()
-        resp = await self.call(addr, RequestCode.VIEW_MESSAGE_BY_ID, ViewMessageRequestHeader(offset=offset).to_ext())
+        _host, offset = decode_offset_msg_id(offset_msg_id)
+        resp = await self.call(await self._holder(offset_msg_id), RequestCode.VIEW_MESSAGE_BY_ID,
+                               ViewMessageRequestHeader(offset=offset).to_ext())
         return decode_records(resp.body)[0]
 
-    async def query_msg_by_key(self, topic: str, key: str, max_num: int = 64) -> list[MessageExt]:
+    async def query_msg_by_key(self, topic: str, key: str, max_num: int = 64, addr: str | None = None
+                               ) -> list[MessageExt]:
+        """Messages of ``topic`` with ``key`` on one broker: ``addr``, else ``broker_addr``."""
         header = QueryMessageRequestHeader(topic=topic, key=key, maxNum=max_num, beginTimestamp=0,
                                            endTimestamp=2 ** 62)
-        resp = await self.call(await self.broker_addr(), RequestCode.QUERY_MESSAGE, header.to_ext())
+        resp = await self.call(addr or await self.broker_addr(), RequestCode.QUERY_MESSAGE, header.to_ext())
         return decode_records(resp.body)
 
     async def is_offset_msg_id(self, msg_id: str) -> bool:
@@ -190,24 +354,25 @@ class Admin:
             return False
         return host in set((await self.broker_addrs()).values()) | {await self.broker_addr()}
 
-    # --- brokers ---
-    async def broker_status(self) -> dict:
-        return (await self.json_call(await self.broker_addr(), RequestCode.GET_BROKER_RUNTIME_INFO))["table"]
+    # --- one broker's: ``addr``, else broker_addr ---
+    async def broker_status(self, addr: str | None = None) -> dict:
+        return (await self.json_call(addr or await self.broker_addr(), RequestCode.GET_BROKER_RUNTIME_INFO))["table"]
 
-    async def delete_expired_commit_log(self, timeout: float = 600.0) -> dict:
+    async def delete_expired_commit_log(self, timeout: float = 600.0, addr: str | None = None) -> dict:
         """Run a retention pass now (DELETE_EXPIRED_COMMITLOG): what it deleted and freed. A pass over millions of
         messages takes a while: ``timeout`` is long."""
-        addr = await self.broker_addr()
-        return json.loads((await self.call(addr, RequestCode.DELETE_EXPIRED_COMMITLOG, timeout=timeout)).body)
+        resp = await self.call(addr or await self.broker_addr(), RequestCode.DELETE_EXPIRED_COMMITLOG, timeout=timeout)
+        return json.loads(resp.body)
 
-    async def broker_config(self) -> dict[str, str]:
+    async def broker_config(self, addr: str | None = None) -> dict[str, str]:
         """The broker's configuration in effect, key → value as text."""
-        text = (await self.call(await self.broker_addr(), RequestCode.GET_BROKER_CONFIG)).body.decode()
+        text = (await self.call(addr or await self.broker_addr(), RequestCode.GET_BROKER_CONFIG)).body.decode()
         return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
 
-    # --- transactions ---
-    async def _pages(self, code: int, key: str, page_size: int | None) -> AsyncIterator[list[dict]]:
-        addr = await self.broker_addr()
+    # --- transactions (one broker's: ``addr``, else broker_addr) ---
+    async def _pages(self, code: int, key: str, page_size: int | None, addr: str | None
+                     ) -> AsyncIterator[list[dict]]:
+        addr = addr or await self.broker_addr()
         after = None
         while True:
             data = await self.json_call(addr, code, HalfStatusRequestHeader(limit=page_size, after=after).to_ext())
@@ -216,22 +381,28 @@ class Admin:
             if not after:
                 return
 
-    async def pending_halves(self, page_size: int | None = None) -> AsyncIterator[dict]:
+    async def pending_halves(self, page_size: int | None = None, addr: str | None = None) -> AsyncIterator[dict]:
         """Every pending half message, oldest check due first, a page of ``page_size`` per request (default and
         most: the broker's page). A half checked while the pages are read can come twice (its next check moved
         past the pages still to read): each offsetMsgId is given once."""
         seen = set()
-        async for page in self._pages(RequestCode.HALFMQ_GET_HALF_STATUS, "halves", page_size):
+        async for page in self._pages(RequestCode.HALFMQ_GET_HALF_STATUS, "halves", page_size, addr):
             for row in page:
                 if row["offsetMsgId"] not in seen:
                     seen.add(row["offsetMsgId"])
                     yield row
 
-    def transaction_record_pages(self, page_size: int | None = None) -> AsyncIterator[list[dict]]:
+    def transaction_record_pages(self, page_size: int | None = None, addr: str | None = None
+                                 ) -> AsyncIterator[list[dict]]:
         """Every transaction record the broker keeps, in store order, as the pages the broker answers
         (``page_size`` rows a request; default and most: the broker's page)."""
-        return self._pages(RequestCode.HALFMQ_GET_TRANSACTION_RECORDS, "records", page_size)
+        return self._pages(RequestCode.HALFMQ_GET_TRANSACTION_RECORDS, "records", page_size, addr)
 
     async def resume_half(self, offset_msg_id: str) -> None:
-        await self.call(await self.broker_addr(), RequestCode.RESUME_CHECK_HALF_MESSAGE,
+        """Check a discarded half again, on the broker its offsetMsgId names.
+
+        Raises:
+            MessageFormatError: not an offsetMsgId.
+        """
+        await self.call(await self._holder(offset_msg_id), RequestCode.RESUME_CHECK_HALF_MESSAGE,
                         ResumeCheckHalfMessageRequestHeader(msgId=offset_msg_id).to_ext())

@@ -1,11 +1,12 @@
 """halfmq admin COMMAND: mqadmin's commands and option letters over the Admin API (client/admin.py).
 
 Options go before or after the command (halfmq admin topicList -n 127.0.0.1:9876); -n defaults to the
-NAMESRV_ADDR environment variable. Readable tables by default, --json for scripts; halfmq admin COMMAND -h
-explains every option. Examples:
+NAMESRV_ADDR environment variable, and takes several name servers as HOST:PORT;HOST:PORT. In a cluster, changes
+go to every master broker (of -c's cluster, or the one -b names) and per-broker tables cover every broker.
+Readable tables by default, --json for scripts; halfmq admin COMMAND -h explains every option. Examples:
 
     halfmq admin clusterList
-    halfmq admin updateTopic -t Orders -r 8 -w 8
+    halfmq admin updateTopic -t Orders -r 8 -w 8 -c DefaultCluster
     halfmq admin sendMessage -t Orders -p '{"id": 1}' -k order-1
     halfmq admin consumerProgress -g orders-consumer
     halfmq admin halfStatus
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import heapq
 import json
 import os
 import ssl
@@ -21,6 +23,7 @@ import sys
 import time
 from typing import Any
 
+from halfmq.protocol.codes import ResponseCode
 from halfmq.protocol.errors import MessageFormatError
 
 from .admin import Admin
@@ -89,12 +92,33 @@ async def delete_topic(admin, tools, args):
 
 
 async def half_status(admin, tools, args):
-    rows = []
-    async for row in admin.pending_halves(args.page_size or None):
-        rows.append(row)
-        if args.limit and len(rows) >= args.limit:
-            break
-    return rows
+    async def halves(broker) -> list[dict]:
+        rows = []
+        async for row in admin.pending_halves(args.page_size or None, broker.addr):
+            rows.append({"brokerName": broker.name, **row})
+            if args.limit and len(rows) >= args.limit:
+                break
+        return rows
+    found = await admin.on_each(await admin.brokers(), halves)
+    # Each broker's come oldest check due first: merged so, the first --limit of them all are the oldest.
+    merged = heapq.merge(*(rows for _broker, rows in found), key=lambda row: row["nextCheckInMillis"])
+    return list(merged)[:args.limit or None]
+
+
+async def per_broker(admin, fetch, one_cluster: bool = False):
+    """``fetch(addr)`` of every broker ``admin.brokers`` names: its table, led by its name and address; a lone
+    broker's (or -b's) is the table itself."""
+    found = await admin.on_each(await admin.brokers(one_cluster), lambda broker: fetch(broker.addr))
+    tables = [{"brokerName": broker.name, "brokerAddr": broker.addr, **table} for broker, table in found]
+    return tables[0] if len(tables) == 1 else tables
+
+
+async def broker_status(admin, tools, args):
+    return await per_broker(admin, admin.broker_status)
+
+
+async def delete_expired_commit_log(admin, tools, args):
+    return await per_broker(admin, lambda addr: admin.delete_expired_commit_log(addr=addr), one_cluster=True)
 
 
 async def resume_half(admin, tools, args):
@@ -135,7 +159,10 @@ async def query_msg_by_unique_key(admin, tools, args):
 
 
 async def query_msg_by_key(admin, tools, args):
-    return [message_row(m) for m in await admin.query_msg_by_key(args.topic, args.key)]
+    found = await admin.on_each(await admin.brokers(),
+                                lambda broker: admin.query_msg_by_key(args.topic, args.key, addr=broker.addr),
+                                absent=ResponseCode.QUERY_NOT_FOUND)
+    return [{"brokerName": broker.name, **message_row(m)} for broker, messages in found for m in messages]
 
 
 async def query_msg_by_offset(admin, tools, args):
@@ -147,7 +174,7 @@ async def reset_offset_by_time(admin, tools, args):
 
 
 async def get_broker_config(admin, tools, args):
-    return await admin.broker_config()
+    return await per_broker(admin, admin.broker_config)
 
 
 async def stats_all(admin, tools, args):
@@ -217,6 +244,9 @@ OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "limit": (("--limit",), {"type": non_negative, "default": 0, "help": "most rows shown (0: all)"}),
     "page_size": (("--page-size",), {"type": non_negative, "default": 0,
                                      "help": "rows per request (0: the broker's page, its most)"}),
+    "cluster": (("-c", "--cluster"), {"help": "only the master brokers of this cluster (clusterList shows them) "
+                                              "(default: every broker; a change needs -c or -b when the name "
+                                              "servers know several clusters)"}),
 }
 
 #: command → (function, option names, description). The option letters are mqadmin's.
@@ -224,11 +254,15 @@ COMMANDS: dict[str, tuple[Any, list[str], str]] = {
     "clusterList": (_call("cluster_list"), [], "brokers the name server knows"),
     "topicList": (topic_list, [], "topics the name server knows"),
     "topicRoute": (_call("topic_route", "topic"), ["topic"], "a topic's brokers and queues"),
-    "topicStatus": (_call("topic_status", "topic"), ["topic"], "a topic's queues: min and max offset"),
-    "updateTopic": (update_topic, ["topic", "queues"], "create or change a topic"),
-    "deleteTopic": (delete_topic, ["topic"], "delete a topic"),
-    "consumerProgress": (_call("consumer_progress", "group", "topic"), ["group", "topic?"],
-                         "per queue: broker offset, consumer offset, difference"),
+    "topicStatus": (_call("topic_status", "topic"), ["topic", "cluster"],
+                    "a topic's queues on every broker: min and max offset"),
+    "updateTopic": (update_topic, ["topic", "queues", "cluster"],
+                    "create or change a topic on every master broker of the cluster (-c), or on one (-b)"),
+    "deleteTopic": (delete_topic, ["topic", "cluster"],
+                    "delete a topic on every broker that has it (of -c's cluster, or -b alone) and in the name "
+                    "servers' routes"),
+    "consumerProgress": (_call("consumer_progress", "group", "topic"), ["group", "topic?", "cluster"],
+                         "per queue of every broker: broker offset, consumer offset, difference"),
     "producerConnection": (_call("producer_connections", "group"), ["producer_group"],
                            "a producer group's live clients"),
     "consumerConnection": (_call("consumer_connections", "group"), ["group"],
@@ -241,20 +275,24 @@ COMMANDS: dict[str, tuple[Any, list[str], str]] = {
                  "print every message of a topic, one line each"),
     "queryMsgById": (query_msg_by_id, ["id", "topic?"], "a message by msgId or offsetMsgId"),
     "queryMsgByUniqueKey": (query_msg_by_unique_key, ["unique_key", "topic?"], "a message by msgId (UNIQ_KEY)"),
-    "queryMsgByKey": (query_msg_by_key, ["topic", "key"], "messages by key"),
+    "queryMsgByKey": (query_msg_by_key, ["topic", "key", "cluster"], "messages by key, of every broker"),
     "queryMsgByOffset": (query_msg_by_offset, ["topic", "broker_name!", "queue_id!", "offset!"],
                          "a message by queue and offset"),
     "resetOffsetByTime": (reset_offset_by_time, ["group", "topic", "timestamp", "force"],
                           "move a group's offsets to a time"),
-    "updateSubGroup": (update_sub_group, ["group"], "create a subscription group (its retry topic)"),
-    "deleteSubGroup": (delete_sub_group, ["group"], "delete a subscription group (its retry and DLQ topics)"),
-    "getBrokerConfig": (get_broker_config, [], "the broker's configuration"),
-    "brokerStatus": (_call("broker_status"), [], "the broker's runtime figures"),
-    "deleteExpiredCommitLog": (_call("delete_expired_commit_log"), [],
-                               "run a retention pass now: delete expired messages (and over-ratio ones)"),
-    "statsAll": (stats_all, ["topic?"], "per topic: messages held and each group's backlog"),
-    "halfStatus": (half_status, ["limit", "page_size"],
-                   "pending half messages, oldest check due first: age, checks, group, next check"),
+    "updateSubGroup": (update_sub_group, ["group", "cluster"],
+                       "create a subscription group (its retry topic) on every master broker"),
+    "deleteSubGroup": (delete_sub_group, ["group", "cluster"],
+                       "delete a subscription group (its retry and DLQ topics) on every broker that has it"),
+    "getBrokerConfig": (get_broker_config, ["cluster"], "each broker's configuration"),
+    "brokerStatus": (broker_status, ["cluster"], "each broker's runtime figures, one table per broker"),
+    "deleteExpiredCommitLog": (delete_expired_commit_log, ["cluster"],
+                               "run a retention pass now on every master broker: delete expired messages (and "
+                               "over-ratio ones)"),
+    "statsAll": (stats_all, ["topic?", "cluster"], "per topic: messages held and each group's backlog"),
+    "halfStatus": (half_status, ["limit", "page_size", "cluster"],
+                   "pending half messages of every broker, oldest check due first: age, checks, group, next "
+                   "check"),
     "resumeHalf": (resume_half, ["offset_id"], "check a discarded half message again"),
 }
 
@@ -283,9 +321,10 @@ def _common(parser: argparse.ArgumentParser, suppress: bool, skip: set[str]) -> 
             kw["default"] = argparse.SUPPRESS
         parser.add_argument(*flags, **kw)
     add("-n", "--namesrv", default=namesrv,
-        help=f"name server address HOST:PORT (default: $NAMESRV_ADDR, else {DEFAULT_NAMESRV}; now {namesrv})")
-    add("-b", "--broker", help="broker address HOST:PORT for broker requests (default: the first broker the "
-                                "name server knows)")
+        help=f"name server address HOST:PORT, several as HOST:PORT;HOST:PORT (one that is down is skipped) "
+             f"(default: $NAMESRV_ADDR, else {DEFAULT_NAMESRV}; now {namesrv})")
+    add("-b", "--broker", help="the one broker to ask, by address HOST:PORT or name (clusterList shows both) "
+                                "(default: every broker, or the first for a request to one broker)")
     add("--json", action="store_true", default=False, help="print JSON instead of a table (default: a table)")
     add("--access-key", help="ACL access key to sign requests with (default: unsigned)")
     add("--secret-key", help="ACL secret key (default: none)")
@@ -324,7 +363,7 @@ def parser() -> argparse.ArgumentParser:
 async def run(args) -> Any:
     credentials = Credentials(args.access_key, args.secret_key) if args.access_key else None
     tls = ssl.create_default_context(cafile=args.cafile) if args.tls else None
-    admin = Admin(args.namesrv, args.broker, credentials, tls)
+    admin = Admin(args.namesrv, args.broker, credentials, tls, cluster=getattr(args, "cluster", None))
     tools = MessageTools(admin)
     try:
         return await COMMANDS[args.command][0](admin, tools, args)

@@ -69,8 +69,15 @@ def _messages(rows: list[dict]) -> str:
     return "\n\n".join(pairs(row) for row in rows) if rows else "(none)"
 
 
+def _per_broker(tables: list[dict] | dict) -> str:
+    """One key/value block per broker, each led by the broker's name and address (a lone broker's: one)."""
+    return pairs(tables) if isinstance(tables, dict) else "\n\n".join(pairs(t) for t in tables)
+
+
 _SPECIAL = {"topicRoute": _topic_route, "consumerConnection": _consumer_connection,
-            "queryMsgById": _messages, "queryMsgByUniqueKey": _messages, "queryMsgByOffset": _messages}
+            "queryMsgById": _messages, "queryMsgByUniqueKey": _messages, "queryMsgByOffset": _messages,
+            "brokerStatus": _per_broker, "getBrokerConfig": _per_broker,
+            "deleteExpiredCommitLog": _per_broker}
 
 
 def render(command: str, result) -> str:
