@@ -211,3 +211,17 @@ async def test_routes_follow_the_name_servers_and_fail_clearly_without_them(clus
 
 async def _brokers_in_route(broker, topic: str, names: set[str]) -> bool:
     return set(await route_of(broker, topic)) == names
+
+
+async def test_route_lookups_are_signed_for_name_servers_with_acl(tmp_path):
+    acl = tmp_path / "plain_acl.yml"
+    acl.write_text("accounts:\n  - accessKey: ops\n    secretKey: ops-secret-1\n    admin: true\n")
+    cluster = await LocalCluster(tmp_path, namesrvs=1, brokers=2, broker_flags=FLAGS + (
+        "--namesrvAccessKey=ops", "--namesrvSecretKey=ops-secret-1"),
+        namesrv_flags=("--aclEnable=true", f"--aclConfigFile={acl}")).start()
+    try:
+        # a new topic's route is TBW102's, from the name server: only a signed lookup gets it
+        await until(lambda: _brokers_in_route(cluster.brokers[0], "Fresh", {"broker-0", "broker-1"}), 15,
+                    "both brokers in the route, from signed lookups")
+    finally:
+        await cluster.stop()
