@@ -1,4 +1,5 @@
-"""``halfmq`` command line: ``halfmq broker|namesrv [-c FILE] [--KEY=VALUE ...]``, ``halfmq admin ...``."""
+"""``halfmq`` command line: ``halfmq broker|namesrv [-c FILE] [--KEY=VALUE ...]``, ``halfmq cluster ...``,
+``halfmq admin ...``."""
 from __future__ import annotations
 
 import argparse
@@ -129,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: halfmq broker [-c FILE] [--KEY=VALUE ...]\n       halfmq namesrv [-c FILE] [--KEY=VALUE ...]\n"
+              "       halfmq cluster [--namesrvs N] [--brokers N] [--dir DIR] ... [-- BROKER FLAGS]\n"
               "       halfmq admin COMMAND [-n NAMESRV] ...\n       halfmq --version")
         return 0 if argv else 2
     if argv[0] in ("-V", "--version"):
@@ -139,11 +141,15 @@ def main(argv: list[str] | None = None) -> int:
         return broker_main(rest)
     if command == "namesrv":
         return namesrv_main(rest)
+    if command == "cluster":
+        from .local_cluster import cluster_main
+        return cluster_main(rest)
     if command == "admin":
         # The admin tool is a client of the broker; the one `halfmq` entry point hands over to it by name, so the
         # broker package itself never depends on the client package.
         return importlib.import_module("halfmq.client.admin_cli").main(rest)
-    print(f"halfmq: unknown command {command!r} (try: halfmq broker, halfmq namesrv, halfmq admin)", file=sys.stderr)
+    print(f"halfmq: unknown command {command!r} (try: halfmq broker, halfmq namesrv, halfmq cluster, halfmq admin)",
+          file=sys.stderr)
     return 2
 
 
