@@ -187,6 +187,47 @@ async def test_per_broker_tables_cover_every_broker_or_the_one_named(cluster):
     assert {r["brokerName"] for r in one_topic} == {"broker-0"}
 
 
+async def test_group_message_and_config_commands_cover_every_broker(cluster):
+    ns = cluster.namesrv_addr
+    await asyncio.gather(ok(ns, "updateTopic", "-t", "Keyed", "-r", "1", "-w", "1", "-c", "TestCluster"),
+                         ok(ns, "updateSubGroup", "-g", "CG_KEYED", "-c", "TestCluster"))
+    await routed_everywhere(cluster, "Keyed", dict.fromkeys(BROKERS, 1))
+    await routed_everywhere(cluster, "%RETRY%CG_KEYED", dict.fromkeys(BROKERS, 1))
+    async with Producer("PG_KEYED", ns) as producer, PullConsumer("CG_KEYED", ns) as consumer:
+        sent = [await producer.send(Message("Keyed", b"%d" % i, keys="order-7")) for i in range(3)]
+        for result in sent:
+            await consumer.update_offset(result.queue, 0)
+    async with TransactionProducer("TX_KEYED", Undecided(), ns) as tx:
+        halves = [(await tx.send_message_in_transaction(Message("Keyed", b"pending"))).send_result for _ in range(3)]
+    assert sorted(r.queue.broker_name for r in sent) == sorted(h.queue.broker_name for h in halves) == BROKERS
+    (last,) = [h for h in halves if h.queue.broker_name == "broker-2"]  # not the first broker's
+
+    by_key, configs, stats, swept, _resumed = await asyncio.gather(
+        ok(ns, "queryMsgByKey", "-t", "Keyed", "-k", "order-7"), ok(ns, "getBrokerConfig"),
+        ok(ns, "statsAll", "-t", "Keyed"), ok(ns, "deleteExpiredCommitLog"),
+        ok(ns, "resumeHalf", "-i", last.offset_msg_id))
+    assert sorted((r["brokerName"], r["offsetMsgId"]) for r in by_key) == \
+        sorted((r.queue.broker_name, r.offset_msg_id) for r in sent)
+    assert [(c["brokerName"], c["brokerAddr"], c["brokerClusterName"]) for c in configs] == \
+        [(f"broker-{i}", b.broker_addr, "TestCluster") for i, b in enumerate(cluster.brokers)]
+    assert [(r["topic"], r["consumerGroup"], r["accumulation"], r["messages"]) for r in stats] == \
+        [("Keyed", "CG_KEYED", 3, 3)]
+    assert [s["brokerName"] for s in swept] == BROKERS
+    # Resumed on the broker its id names: checked now, not an hour after it was sent.
+    (row,) = [r for r in await ok(ns, "halfStatus", "-b", "broker-2") if r["offsetMsgId"] == last.offset_msg_id]
+    assert row["nextCheckInMillis"] < 600_000, row
+
+    await ok(ns, "deleteSubGroup", "-g", "CG_KEYED")
+
+    async def retry_topic_gone():
+        for namesrv in cluster.namesrvs:
+            async with Admin(namesrv.addr) as client:
+                if "%RETRY%CG_KEYED" in await client.topic_list():
+                    return False
+        return True
+    await until(retry_topic_gone, 10, "the group's retry topic leaves the routes once each broker re-registers")
+
+
 async def test_bad_input_is_one_clear_line():
     namesrv = await NamesrvProcess().start()
     ghosts = []
