@@ -179,8 +179,8 @@ class PullConsumer:
 
     async def send_back(self, msg: MessageExt, delay_level: int = 0, max_reconsume_times: int = 16) -> None:
         """Return a message to the broker for later redelivery (via %RETRY%group, %DLQ%group at the end)."""
-        route = await self.instance.routes.get(msg.topic)
-        conn = await self.instance.pool.get(next(iter(route.broker_addrs.values())))
+        # The broker that stored it: the request names the message by that broker's commit-log offset.
+        conn = await self.instance.pool.get(msg.store_host)
         header = ConsumerSendMsgBackRequestHeader(
             offset=msg.physical_offset, group=self.group, delayLevel=delay_level, originMsgId=msg.msg_id,
             originTopic=msg.topic, maxReconsumeTimes=max_reconsume_times)

@@ -159,6 +159,7 @@ class PushConsumer:
         for topic in topics:
             try:
                 queues = await self.puller.fetch_subscribe_queues(topic)
+                await self._join_new_brokers(topic)
                 ids = await self.puller.consumer_ids(topic)
             except ClientError as exc:
                 log.debug("rebalance of %s skipped: %s", topic, exc)
@@ -167,6 +168,14 @@ class PushConsumer:
         await self._stop_queues([q for q in self.tasks if q not in wanted])
         for queue in sorted(wanted - set(self.tasks)):
             self.tasks[queue] = asyncio.get_running_loop().create_task(self._consume_queue(queue))
+
+    async def _join_new_brokers(self, topic: str) -> None:
+        """A broker that joined the cluster since we started learns of this consumer before we pull from it (and
+        before any consumer asks it who is in the group)."""
+        route = await self.instance.routes.get(topic)
+        for addr in route.broker_addrs.values():
+            if addr not in self.instance.brokers:
+                await self.instance.heartbeat(addr)
 
     async def _stop_queues(self, queues: list[MessageQueue]) -> None:
         tasks = [self.tasks.pop(q) for q in queues]

@@ -30,6 +30,7 @@ class ScheduleService:
         self.progress: dict[int, int] = {}
         self.timers: dict[int, asyncio.TimerHandle] = {}
         self.running: dict[int, asyncio.Task] = {}
+        self.kick_again: set[int] = set()  #: levels kicked while their pass ran
         self.stopped = False
 
     @property
@@ -60,7 +61,12 @@ class ScheduleService:
             self.kick(queue_id + 1)
 
     def kick(self, level: int) -> None:
-        if self.stopped or level in self.running or not 1 <= level <= self.max_level:
+        if self.stopped or not 1 <= level <= self.max_level:
+            return
+        if level in self.running:
+            # The running pass may already be past its last look at the queue (its timer can even fire before
+            # its done-callback runs, as under uvloop): it looks again once it ends, or this kick is lost.
+            self.kick_again.add(level)
             return
         timer = self.timers.pop(level, None)
         if timer is not None:
@@ -75,6 +81,9 @@ class ScheduleService:
             log.error("delayed delivery of level %d failed: %s", level, task.exception())
             if not self.stopped:
                 self.timers[level] = asyncio.get_running_loop().call_later(1.0, self.kick, level)
+        elif level in self.kick_again:
+            self.kick_again.discard(level)
+            self.kick(level)
 
     async def _deliver(self, level: int) -> None:
         delay = self.delays_ms[level - 1]
