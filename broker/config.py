@@ -51,8 +51,9 @@ class BrokerConfig:
     brokerNotActiveTimeoutMillis: int = _doc("a name server drops this broker after this long without a "
                                              "registration, ms (sent with each registration)", default=120_000,
                                              meta={"min": 1000})
-    namesrvAccessKey: str = _doc("account the broker signs its registrations with, for name servers with aclEnable "
-                                 "(an admin account of theirs)", default="")
+    namesrvAccessKey: str = _doc("account the broker signs its requests to name servers with (registrations, and the "
+                                 "route lookups of its gRPC endpoint), for name servers with aclEnable (an admin "
+                                 "account of theirs)", default="")
     namesrvSecretKey: str = _doc("secret key of namesrvAccessKey", default="")
     storePathRootDir: str = _doc("folder holding the LMDB store", default="./store_data")
     mapSize: int = _doc("LMDB map size in bytes to start with; the store grows it (doubling) up to maxMapSize "
