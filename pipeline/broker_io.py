@@ -7,7 +7,7 @@ import logging
 import queue
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 from typing import NamedTuple
@@ -41,11 +41,30 @@ DEFAULT_PULL_TIMEOUT_S = 120.0
 
 
 class QueueBounds(NamedTuple):
-    """A queue's offsets as the broker has them now, and the broker that holds it (its brokerName)."""
+    """A queue's offsets as its broker has them now."""
 
     low: int
     high: int
-    broker_name: str
+
+
+def queue_key(broker_name: str, queue_id: int) -> str:
+    """How the source names a queue in its offsets and options: "brokerName:queueId" (queue ids repeat on every
+    broker of a topic)."""
+    return f"{broker_name}:{queue_id}"
+
+
+def parse_queue_key(key: str) -> tuple[str | None, int]:
+    """(broker name, queue id) of a queue key; the broker is None for a bare queue id, the form of offsets written
+    before the source read several brokers. Raises ValueError if it is neither."""
+    broker, sep, queue_id = str(key).rpartition(":")
+    if (sep and not broker) or not queue_id.strip().isdecimal():
+        raise ValueError(f"{key!r} is not a queue: brokerName:queueId or a queue id")
+    return (broker if sep else None), int(queue_id)
+
+
+def queue_label(topic: str, key: str) -> str:
+    """A queue as messages name it: topic/brokerName:queueId."""
+    return f"{topic}/{key}"
 
 
 class DataLossError(RuntimeError):
@@ -53,22 +72,23 @@ class DataLossError(RuntimeError):
     message names them and failOnDataLoss=false, which skips them instead."""
 
 
-def queue_bounds(namesrv: str, topics: list[str], assigned: dict[str, tuple[int, ...]] | None = None
-                 ) -> dict[str, dict[int, QueueBounds]]:
-    """{topic: {queue id: (min offset, max offset, broker name)}} as the routes and the broker have them now; only
-    the ``assigned`` queues of a topic listed there. A topic the name server does not know has no entry."""
+def queue_bounds(namesrv: str, topics: list[str],
+                 select: Callable[[str, list[str]], Iterable[str]] | None = None) -> dict[str, dict[str, QueueBounds]]:
+    """{topic: {queue key: (min offset, max offset)}} for the readable queues of every broker the routes list, as
+    their brokers have them now; with ``select``, only the queue keys it picks from each topic's (it sees them
+    before any offset is asked for). A topic the name server does not know has no entry."""
     async def run():
         async with PullConsumer(READER_GROUP, namesrv) as consumer:
-            out: dict[str, dict[int, QueueBounds]] = {}
+            out: dict[str, dict[str, QueueBounds]] = {}
             for topic in topics:
                 try:
-                    queues = await consumer.fetch_subscribe_queues(topic)
+                    queues = {queue_key(q.broker_name, q.queue_id): q
+                              for q in await consumer.fetch_subscribe_queues(topic)}
                 except TopicNotExistError:
                     continue
-                wanted = None if assigned is None else set(assigned.get(topic, ()))
-                out[topic] = {q.queue_id: QueueBounds(await consumer.min_offset(q), await consumer.max_offset(q),
-                                                      q.broker_name)
-                              for q in queues if wanted is None or q.queue_id in wanted}
+                keys = list(queues) if select is None else select(topic, list(queues))
+                out[topic] = {key: QueueBounds(await consumer.min_offset(queues[key]),
+                                               await consumer.max_offset(queues[key])) for key in keys}
             return out
     return asyncio.run(run())
 
@@ -81,13 +101,12 @@ def user_topics(namesrv: str) -> list[str]:
     return asyncio.run(run())
 
 
-def offsets_for_times(namesrv: str, times: dict[str, dict[int, int]],
-                      bounds: dict[str, dict[int, QueueBounds]]) -> dict[str, dict[int, int]]:
-    """{topic: {queue id: the first offset stored at or after the time}} (the queue's max offset if none is)."""
+def offsets_for_times(namesrv: str, times: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """{topic: {queue key: the first offset stored at or after the time}} (the queue's max offset if none is)."""
     async def run():
         async with PullConsumer(READER_GROUP, namesrv) as consumer:
-            return {topic: {q: await consumer.search_offset(MessageQueue(topic, bounds[topic][q].broker_name, q), ts)
-                            for q, ts in queues.items()} for topic, queues in times.items()}
+            return {topic: {key: await consumer.search_offset(MessageQueue(topic, *parse_queue_key(key)), ts)
+                            for key, ts in queues.items()} for topic, queues in times.items()}
     return asyncio.run(run())
 
 
@@ -101,8 +120,8 @@ class RangeRead:
 
 
 def _lost(queue: MessageQueue, start: int, end: int, why: str, read: RangeRead) -> None:
-    text = (f"messages {queue.topic}/{queue.queue_id} offsets {start}..{end - 1} are gone ({why}): "
-            f"they cannot be read")
+    text = (f"messages {queue_label(queue.topic, queue_key(queue.broker_name, queue.queue_id))} offsets "
+            f"{start}..{end - 1} are gone ({why}): they cannot be read")
     if read.fail_on_data_loss:
         raise DataLossError(f"{text}; set failOnDataLoss=false to skip lost messages")
     log.warning("%s; skipped (failOnDataLoss=false)", text)
@@ -206,7 +225,7 @@ async def _pull_chunks(handover: _Handover, namesrv: str, queue: MessageQueue, s
                 chunk_end, task = pending.popleft()
                 bodies = await task
                 read_ahead()
-                batch = records_to_batch(b"".join(bodies), chunk_end, wanted)
+                batch = records_to_batch(b"".join(bodies), chunk_end, wanted, queue.broker_name)
                 if batch is not None and not handover.put(batch):
                     return
         finally:  # the reader stopped early or a pull failed: the chunks still being pulled are not wanted
@@ -216,19 +235,24 @@ async def _pull_chunks(handover: _Handover, namesrv: str, queue: MessageQueue, s
 
 
 def transaction_records(namesrv: str, page_size: int | None = None) -> Iterator[dict]:
-    """Every transaction record the broker keeps (HALFMQ_GET_TRANSACTION_RECORDS), read a page at a time
-    (``page_size`` rows a request; default and most: the broker's page), so no more than a page is held here."""
+    """Every transaction record of every broker the name servers know (HALFMQ_GET_TRANSACTION_RECORDS), each with
+    its broker's ``brokerName``, read a page at a time (``page_size`` rows a request; default and most: the
+    broker's page), so no more than a page is held here. A broker that does not answer fails the read."""
     loop = asyncio.new_event_loop()
     admin = Admin(namesrv)
-    pages = admin.transaction_record_pages(page_size)
     try:
-        while True:
+        for broker in loop.run_until_complete(admin.brokers()):
+            pages = admin.transaction_record_pages(page_size, broker.addr)
             try:
-                page = loop.run_until_complete(anext(pages))
-            except StopAsyncIteration:
-                return
-            yield from page
-    finally:  # also when the caller stops early
-        loop.run_until_complete(pages.aclose())
+                while True:
+                    try:
+                        page = loop.run_until_complete(anext(pages))
+                    except StopAsyncIteration:
+                        break
+                    for row in page:
+                        yield {**row, "brokerName": broker.name}
+            finally:  # also when the caller stops early
+                loop.run_until_complete(pages.aclose())
+    finally:
         loop.run_until_complete(admin.close())
         loop.close()

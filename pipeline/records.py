@@ -18,8 +18,8 @@ from halfmq.protocol.message import HOST_FLAGS, MAGIC_V2, RECORD_HEADS
 from halfmq.protocol.properties import decode_properties
 
 ARROW_SCHEMA = pa.schema([
-    ("topic", pa.string()), ("queue_id", pa.int32()), ("queue_offset", pa.int64()), ("msg_id", pa.string()),
-    ("keys", pa.string()), ("tags", pa.string()), ("body", pa.binary()),
+    ("topic", pa.string()), ("broker_name", pa.string()), ("queue_id", pa.int32()), ("queue_offset", pa.int64()),
+    ("msg_id", pa.string()), ("keys", pa.string()), ("tags", pa.string()), ("body", pa.binary()),
     ("properties", pa.map_(pa.string(), pa.string())),
     ("born_timestamp", pa.timestamp("us", tz="UTC")), ("store_timestamp", pa.timestamp("us", tz="UTC"))])
 _PROPERTIES = ARROW_SCHEMA.field("properties").type
@@ -150,9 +150,9 @@ def _timestamps(millis) -> pa.Array:
     return pa.array(millis, _TIMESTAMP_MS).cast(ARROW_SCHEMA.field("born_timestamp").type)
 
 
-def records_to_batch(buf: bytes, end: int, tags: set[str] | None) -> pa.RecordBatch | None:
-    """The records of pull bodies (one, or several concatenated) as a batch of ARROW_SCHEMA, without offsets
-    >= ``end`` nor tags not in ``tags`` (None: any); None when nothing is left."""
+def records_to_batch(buf: bytes, end: int, tags: set[str] | None, broker_name: str) -> pa.RecordBatch | None:
+    """The records of pull bodies (one, or several concatenated) of one queue of ``broker_name`` as a batch of
+    ARROW_SCHEMA, without offsets >= ``end`` nor tags not in ``tags`` (None: any); None when nothing is left."""
     f = _scan(buf)
     if not f.queue_offsets:
         return None
@@ -161,7 +161,8 @@ def records_to_batch(buf: bytes, end: int, tags: set[str] | None) -> pa.RecordBa
     tag_column = pc.map_lookup(properties, options=_LOOKUPS["TAGS"])
     offsets = pa.array(f.queue_offsets, pa.int64())
     batch = pa.RecordBatch.from_arrays([
-        topics, pa.array(f.queue_ids, pa.int32()), offsets,
+        topics, pa.repeat(pa.scalar(broker_name, pa.string()), len(offsets)), pa.array(f.queue_ids, pa.int32()),
+        offsets,
         _msg_ids(pc.map_lookup(properties, options=_LOOKUPS["UNIQ_KEY"]), f.store_hosts, f.physicals),
         pc.map_lookup(properties, options=_LOOKUPS["KEYS"]), tag_column, bodies, properties,
         _timestamps(f.born), _timestamps(f.stored)], schema=ARROW_SCHEMA)

@@ -56,18 +56,21 @@ class _Writing:
             raise OptionError(f"option 'rowsPerHalf' {text!r} is not a whole number from 1 to {_MAX_ROWS_PER_HALF}")
         self.attempt = uuid.uuid4().hex
         self.owner: str | None = None
+        self.log_broker: str | None = None
 
     def __getstate__(self):
         # Spark pickles the writer on the driver to ship it to the tasks (and, for a batch, to the commit): the
-        # attempt starts then, so the driver's owner process must be running.
+        # attempt starts then, so the driver's owner process must be running, and the broker whose decision log
+        # decides the attempt is chosen once, for every task to name in its halves.
         if self.owner is None:
             self.owner = sink_lease.ensure(self.namesrv, self.group)
+            self.log_broker = sink_io.decision_broker(self.namesrv)
         return self.__dict__
 
     def __setstate__(self, state):
         self.__dict__.update(state)
 
-    def _message(self, row, idempotency_key: str):
+    def _message(self, row, idempotency_key: str) -> sink_io.Row:
         from halfmq.client import Message
 
         values = row.asDict()
@@ -85,7 +88,7 @@ class _Writing:
         props[sink_io.IDEMPOTENCY_KEY] = idempotency_key
         return (Message(topic, body.encode() if isinstance(body, str) else bytes(body), tags=values.get("tags"),
                         keys=values.get("keys"), properties=props),
-                values.get("queue_id"))
+                values.get("broker_name"), values.get("queue_id"))
 
     def _write(self, rows, tag: sink_io.HalfTag) -> HalfmqCommit:
         messages = (self._message(row, tag.row_key(index)) for index, row in enumerate(rows))
@@ -109,7 +112,7 @@ class HalfmqWriter(_Writing, DataSourceWriter):
     """A batch write: published all at once by commit(), or not at all."""
 
     def write(self, iterator) -> HalfmqCommit:
-        tag = sink_io.HalfTag(self._batch_sink_id(), 0, self.attempt, self._task(), self.owner)
+        tag = sink_io.HalfTag(self._batch_sink_id(), 0, self.attempt, self._task(), self.owner, self.log_broker)
         return self._write(iterator, tag)
 
     def _batch_sink_id(self) -> str:
@@ -118,11 +121,12 @@ class HalfmqWriter(_Writing, DataSourceWriter):
     def commit(self, messages) -> None:
         # Decided even with no rows: the orphans of failed task attempts are then answered at once.
         _tag, tasks, halves = self._collect(messages)
-        sink_io.commit_batch(self.namesrv, self.group, self._batch_sink_id(), 0, self.attempt, tasks, halves)
+        sink_io.commit_batch(self.namesrv, self.group, self.log_broker, self._batch_sink_id(), 0, self.attempt, tasks,
+                             halves)
 
     def abort(self, messages) -> None:
         _tag, _tasks, halves = self._collect(messages)
-        sink_io.abort_batch(self.namesrv, self.group, self._batch_sink_id(), 0, self.attempt, halves)
+        sink_io.abort_batch(self.namesrv, self.group, self.log_broker, self._batch_sink_id(), 0, self.attempt, halves)
 
 
 class HalfmqStreamWriter(_Writing, DataSourceStreamWriter):
@@ -139,7 +143,8 @@ class HalfmqStreamWriter(_Writing, DataSourceStreamWriter):
         batch = ctx and ctx.getLocalProperty(_BATCH_ID)
         if not sink_id or batch is None:
             raise OptionError("the halfmq stream writer runs outside a streaming query's task (no query id)")
-        return self._write(iterator, sink_io.HalfTag(sink_id, int(batch), self.attempt, self._task(), self.owner))
+        return self._write(iterator, sink_io.HalfTag(sink_id, int(batch), self.attempt, self._task(), self.owner,
+                                                     self.log_broker))
 
     def commit(self, messages, batchId: int) -> None:
         tag, tasks, halves = self._collect(messages)
@@ -147,9 +152,10 @@ class HalfmqStreamWriter(_Writing, DataSourceStreamWriter):
             return  # no task wrote anything
         if tag.batch_id != batchId:
             raise RuntimeError(f"the tasks wrote batch {tag.batch_id}, Spark commits batch {batchId}")
-        sink_io.commit_batch(self.namesrv, self.group, tag.sink_id, batchId, tag.attempt, tasks, halves)
+        sink_io.commit_batch(self.namesrv, self.group, tag.log_broker, tag.sink_id, batchId, tag.attempt, tasks,
+                             halves)
 
     def abort(self, messages, batchId: int) -> None:
         tag, _tasks, halves = self._collect(messages)
         if tag is not None:
-            sink_io.abort_batch(self.namesrv, self.group, tag.sink_id, batchId, tag.attempt, halves)
+            sink_io.abort_batch(self.namesrv, self.group, tag.log_broker, tag.sink_id, batchId, tag.attempt, halves)

@@ -1,5 +1,6 @@
-"""The broker side of the Spark sink (protocol: docs/spark-sink.md): pipelined half sends, the decision log that
-decides each batch, acknowledged decisions, and the check-back answers every producer of a sink group gives.
+"""The broker side of the Spark sink (protocol: docs/spark-sink.md): pipelined half sends to every broker of a
+topic, the decision log that decides each batch (on one broker, which every half names), acknowledged decisions,
+and the check-back answers every producer of a sink group gives to every broker.
 
 The public functions are plain (each runs its own event loop): Spark calls them from tasks and driver workers.
 """
@@ -13,25 +14,28 @@ from typing import Iterable
 
 from halfmq.client import LocalTransactionState, Message, MessageQueue, TransactionProducer
 from halfmq.client.admin import Admin
-from halfmq.client.errors import BrokerError, ClientError, IllegalOperationError
-from halfmq.protocol.codes import ResponseCode
+from halfmq.client.errors import BrokerError, ClientError, IllegalOperationError, TopicNotExistError
+from halfmq.protocol.codes import RequestCode, ResponseCode
+from halfmq.protocol.headers import ConnectionListRequestHeader
 
 log = logging.getLogger(__name__)
 
 COMMIT, ROLLBACK, UNKNOWN = (LocalTransactionState.COMMIT_MESSAGE, LocalTransactionState.ROLLBACK_MESSAGE,
                              LocalTransactionState.UNKNOW)
 
-#: The system topic holding the decision records (one queue of it: queue 0 of the first broker).
+#: The system topic holding the decision records: queue 0 of it on one broker (_decision_broker).
 SINK_COMMITS_TOPIC = "HALFMQ_SINK_COMMITS"
 DEFAULT_GROUP = "halfmq-spark-sink"
 #: The owner of a driver's attempts (sink_lease.py) is a producer of this group + its owner id while it lives.
 OWNER_GROUP_PREFIX = "HALFMQ_SINK_OWNER_"
-#: Properties every sink half carries: what identifies its row and the attempt and task attempt it belongs to.
+#: Properties every sink half carries: what identifies its row, the attempt and task attempt it belongs to, and
+#: the broker whose decision log decides that attempt.
 IDEMPOTENCY_KEY = "HALFMQ_IDEMPOTENCY_KEY"
 SINK_ID, SINK_BATCH, SINK_ATTEMPT, SINK_TASK, SINK_OWNER = ("HALFMQ_SINK_ID", "HALFMQ_SINK_BATCH",
                                                           "HALFMQ_SINK_ATTEMPT", "HALFMQ_SINK_TASK",
                                                           "HALFMQ_SINK_OWNER")
-SINK_PROPERTIES = frozenset({IDEMPOTENCY_KEY, SINK_ID, SINK_BATCH, SINK_ATTEMPT, SINK_TASK, SINK_OWNER})
+SINK_LOG = "HALFMQ_SINK_LOG"
+SINK_PROPERTIES = frozenset({IDEMPOTENCY_KEY, SINK_ID, SINK_BATCH, SINK_ATTEMPT, SINK_TASK, SINK_OWNER, SINK_LOG})
 #: A task's rows go as batch halves (one half, one decision, one check-back per batch) of one topic and queue,
 #: each of at most this many rows (option rowsPerHalf) and about this many bytes (the broker's maxMessageSize is
 #: 4 MiB by default), with this many halves in flight per task; and decisions in flight per commit.
@@ -60,11 +64,12 @@ class HalfTag:
     attempt: str  # the writer's id: one per batch write or micro-batch run
     task: str     # "<partition>.<task attempt number>"
     owner: str    # the id of the driver's owner process (sink_lease.py)
+    log_broker: str  # the broker whose decision log decides the attempt (_decision_broker)
 
     def half_properties(self) -> dict[str, str]:
         """The properties of each of the task's (batch) halves, which every row it holds inherits."""
         return {SINK_ID: self.sink_id, SINK_BATCH: str(self.batch_id), SINK_ATTEMPT: self.attempt,
-                SINK_TASK: self.task, SINK_OWNER: self.owner}
+                SINK_TASK: self.task, SINK_OWNER: self.owner, SINK_LOG: self.log_broker}
 
     def row_key(self, row: int) -> str:
         """IDEMPOTENCY_KEY of the task's ``row``-th row: the same in every attempt of the batch."""
@@ -124,29 +129,54 @@ def batch_key(sink_id: str, batch_id: int) -> str:
     return f"{sink_id}:{batch_id}"
 
 
-class DecisionLog:
-    """Reads and appends decision records through a producer and an admin client of the caller's loop."""
+async def _decision_broker(admin: Admin) -> str:
+    """The broker whose decision log decides the attempts starting now: the one already holding the log (the
+    first by name, should several), else the first broker by name. A log stays where it is when brokers join;
+    each half names its attempt's, so a check-back never reads another log than its attempt's commit."""
+    try:
+        route = await admin.topic_route(SINK_COMMITS_TOPIC)
+        holders = sorted(q["brokerName"] for q in route.get("queueDatas") or [])
+    except TopicNotExistError:
+        holders = []
+    names = holders or sorted(await admin.broker_addrs())
+    if not names:
+        raise ClientError("the name servers know no broker")
+    return names[0]
 
-    def __init__(self, producer, admin: Admin):
+
+def decision_broker(namesrv: str) -> str:
+    """_decision_broker, from the driver."""
+    async def run() -> str:
+        async with Admin(namesrv) as admin:
+            return await _decision_broker(admin)
+    return asyncio.run(run())
+
+
+async def _broker_addr(admin: Admin, broker_name: str) -> str:
+    """Where a broker is now (one restarted may have moved)."""
+    addr = (await admin.broker_addrs()).get(broker_name)
+    if addr is None:
+        raise ClientError(f"the name servers know no broker {broker_name}")
+    return addr
+
+
+class DecisionLog:
+    """Reads and appends the decision records of one broker's log, through a producer and an admin client of the
+    caller's loop."""
+
+    def __init__(self, producer, admin: Admin, broker_name: str):
         self.producer = producer
         self.admin = admin
-        self._queue: MessageQueue | None = None
-
-    async def _log_queue(self) -> MessageQueue:
-        # Records are compared by queue offset, so every one goes to one queue: queue 0 on the broker the
-        # queries ask (the first master).
-        if self._queue is None:
-            addr = await self.admin.broker_addr()
-            route = await self.producer.instance.routes.get(SINK_COMMITS_TOPIC, True)
-            names = [name for name, a in route.broker_addrs.items() if a == addr] or sorted(route.broker_addrs)
-            self._queue = MessageQueue(SINK_COMMITS_TOPIC, names[0], 0)
-        return self._queue
+        # Records are compared by queue offset, so every one goes to one queue: queue 0 of the log's broker.
+        self.queue = MessageQueue(SINK_COMMITS_TOPIC, broker_name, 0)
 
     async def read(self, sink_id: str, batch_id: int) -> list[Decision]:
         """The batch's records in log order. Only the broker's "no such key" means none: any other failure
         raises (a batch must never be published on a guess)."""
+        addr = await _broker_addr(self.admin, self.queue.broker_name)
         try:
-            found = await self.admin.query_msg_by_key(SINK_COMMITS_TOPIC, batch_key(sink_id, batch_id), _QUERY_MAX)
+            found = await self.admin.query_msg_by_key(SINK_COMMITS_TOPIC, batch_key(sink_id, batch_id), _QUERY_MAX,
+                                                      addr)
         except BrokerError as exc:
             if exc.code == ResponseCode.QUERY_NOT_FOUND:
                 return []
@@ -161,14 +191,28 @@ class DecisionLog:
     async def append(self, sink_id: str, batch_id: int, decision: Decision) -> None:
         """Append with an acknowledged (SYNC) send: once this returns the record is durable and readable."""
         await self.producer.send(Message(SINK_COMMITS_TOPIC, decision.encode(sink_id, batch_id),
-                                         keys=batch_key(sink_id, batch_id)), await self._log_queue())
+                                         keys=batch_key(sink_id, batch_id)), self.queue)
 
 
 async def owner_alive(admin: Admin, owner: str) -> bool | None:
-    """Whether an owner process (sink_lease.py, alive as long as its Spark driver) is connected; None when the
-    broker cannot tell."""
+    """Whether an owner process (sink_lease.py, alive as long as its Spark driver) is connected to some broker: it
+    registers with every broker when it starts, so one that joined or came back since may not list it. False only
+    when every broker says so; None when none lists it and some cannot tell."""
     try:
-        return bool(await admin.producer_connections(owner_group(owner)))
+        addrs = list((await admin.broker_addrs()).values())
+    except ClientError:
+        return None
+    answers = [await _owner_listed(admin, addr, owner) for addr in addrs]
+    if True in answers:
+        return True
+    return None if None in answers or not answers else False
+
+
+async def _owner_listed(admin: Admin, addr: str, owner: str) -> bool | None:
+    try:
+        data = await admin.json_call(addr, RequestCode.GET_PRODUCER_CONNECTION_LIST,
+                                     ConnectionListRequestHeader(producerGroup=owner_group(owner)).to_ext())
+        return bool(data["connectionSet"])
     except BrokerError as exc:
         if exc.code == ResponseCode.SYSTEM_ERROR and "not online" in (exc.remark or ""):
             return False
@@ -188,22 +232,26 @@ class _Resolved:
 class SinkCheckListener:
     """The check-back answers of every producer of a sink group (tasks, commit workers, the attempt's owner).
 
-    A half is answered from the decision log: COMMIT if its batch's winning decision names its attempt and its
-    task attempt, ROLLBACK if another attempt won or its attempt was rolled back; with no decision, UNKNOW while
-    the attempt's owner is connected (a long job never loses rows) and, once it is gone, a rollback record is
-    appended first (the first decision wins, so a late commit record loses the race cleanly) and the half is
-    answered from the log again. Checks of one attempt share one look-up.
+    A half, on whichever broker, is answered from the decision log its attempt is decided in (the broker its
+    HALFMQ_SINK_LOG names): COMMIT if its batch's winning decision names its attempt and its task attempt,
+    ROLLBACK if another attempt won or its attempt was rolled back; with no decision, UNKNOW while the attempt's
+    owner is connected (a long job never loses rows) and, once it is gone, a rollback record is appended first (the
+    first decision wins, so a late commit record loses the race cleanly) and the half is answered from the log
+    again. Checks of one attempt share one look-up.
     """
 
     def __init__(self, namesrv: str):
         self.namesrv = namesrv
-        self.log: DecisionLog | None = None
+        self.producer = None
         self.admin: Admin | None = None
         self._resolving: dict[tuple[str, int, str], asyncio.Task] = {}
 
     def bind(self, producer) -> None:
+        self.producer = producer
         self.admin = Admin(self.namesrv)
-        self.log = DecisionLog(producer, self.admin)
+
+    def decision_log(self, broker_name: str) -> DecisionLog:
+        return DecisionLog(self.producer, self.admin, broker_name)
 
     async def close(self) -> None:
         if self.admin is not None:
@@ -222,10 +270,13 @@ class SinkCheckListener:
             # (whose job is long gone), or by something else using the group: it cannot be published safely.
             log.warning("check-back for a half without sink properties (%s): rolled back", msg.msg_id)
             return ROLLBACK
+        # A half of a sink that kept one log, on its only broker, names none: the log is where it always was.
+        log_broker = props.get(SINK_LOG)
         key = (sink_id, batch_id, attempt)
         task_future = self._resolving.get(key)
         if task_future is None:
-            task_future = asyncio.get_running_loop().create_task(self._resolve(sink_id, batch_id, attempt, owner))
+            task_future = asyncio.get_running_loop().create_task(
+                self._resolve(sink_id, batch_id, attempt, owner, log_broker))
             self._resolving[key] = task_future
             task_future.add_done_callback(lambda f, k=key: self._forget_unless_final(k, f))
         resolved = await asyncio.shield(task_future)
@@ -240,15 +291,17 @@ class SinkCheckListener:
         elif len(self._resolving) > 10_000:  # a long-lived owner: keep the memory bounded
             self._resolving.clear()
 
-    async def _resolve(self, sink_id: str, batch_id: int, attempt: str, owner: str) -> _Resolved | None:
-        records = await self.log.read(sink_id, batch_id)
+    async def _resolve(self, sink_id: str, batch_id: int, attempt: str, owner: str,
+                       log_broker: str | None) -> _Resolved | None:
+        decisions = self.decision_log(log_broker or await _decision_broker(self.admin))
+        records = await decisions.read(sink_id, batch_id)
         if half_verdict(records, attempt, "") is None:
             if await owner_alive(self.admin, owner) is not False:
                 return None
             log.info("sink attempt %s of batch %s: its owner is gone and nothing was decided: rolling it back",
                      attempt, batch_key(sink_id, batch_id))
-            await self.log.append(sink_id, batch_id, Decision(attempt, False))
-            records = await self.log.read(sink_id, batch_id)
+            await decisions.append(sink_id, batch_id, Decision(attempt, False))
+            records = await decisions.read(sink_id, batch_id)
         winner, _rolled_back = batch_winner(records)
         return _Resolved(winner)
 
@@ -263,12 +316,15 @@ def sink_producer(namesrv: str, group: str) -> tuple[TransactionProducer, SinkCh
 
 
 # --- task side ---
-def send_halves(namesrv: str, group: str, tag: HalfTag, messages: Iterable[tuple[Message, int | None]],
-                immunity_seconds: int, rows_per_half: int = HALF_BATCH_ROWS,
-                window: int = SEND_WINDOW) -> list[HalfRecord]:
-    """Store messages (each with the queue id it must go to, or None) in batch halves of one topic and queue of
-    at most ``rows_per_half`` rows, ``window`` halves in flight, reading ``messages`` as it goes; no check-back
-    comes before ``immunity_seconds``. On failure the halves stored are rolled back and the error raised."""
+#: A row to store: the message, and the broker name and queue id of the queue it must go to (see _queue_of).
+Row = tuple[Message, str | None, int | None]
+
+
+def send_halves(namesrv: str, group: str, tag: HalfTag, messages: Iterable[Row], immunity_seconds: int,
+                rows_per_half: int = HALF_BATCH_ROWS, window: int = SEND_WINDOW) -> list[HalfRecord]:
+    """Store messages in batch halves of one topic and queue of at most ``rows_per_half`` rows, ``window`` halves
+    in flight, reading ``messages`` as it goes; no check-back comes before ``immunity_seconds``. On failure the
+    halves stored are rolled back and the error raised."""
     half_properties = tag.half_properties()
 
     async def run() -> list[HalfRecord]:
@@ -278,9 +334,10 @@ def send_halves(namesrv: str, group: str, tag: HalfTag, messages: Iterable[tuple
         slots = asyncio.Semaphore(window)
         inflight: set[asyncio.Task] = set()
 
-        async def one(batch: list[Message], queue_id: int | None) -> None:
+        async def one(batch: list[Message], broker_name: str | None, queue_id: int | None) -> None:
             try:
-                queue = None if queue_id is None else await _queue_of(producer, batch[0].topic, queue_id)
+                queue = None if queue_id is None else await _queue_of(producer, batch[0].topic, broker_name,
+                                                                      queue_id)
                 r = await producer.send_half_batch(batch, queue, half_properties, immunity_seconds)
                 sent.append((r.queue.topic, r.queue.broker_name, r.queue.queue_id, r.queue_offset, r.msg_id,
                              r.offset_msg_id))
@@ -289,12 +346,12 @@ def send_halves(namesrv: str, group: str, tag: HalfTag, messages: Iterable[tuple
             finally:
                 slots.release()
 
-        async def launch(batch: list[Message], queue_id: int | None) -> bool:
+        async def launch(batch: list[Message], broker_name: str | None, queue_id: int | None) -> bool:
             await slots.acquire()
             if failures:
                 slots.release()
                 return False
-            task = asyncio.get_running_loop().create_task(one(batch, queue_id))
+            task = asyncio.get_running_loop().create_task(one(batch, broker_name, queue_id))
             inflight.add(task)
             task.add_done_callback(inflight.discard)
             return True
@@ -302,8 +359,8 @@ def send_halves(namesrv: str, group: str, tag: HalfTag, messages: Iterable[tuple
         await producer.start()
         try:
             try:
-                for (_topic, queue_id), batch in _half_batches(messages, rows_per_half):
-                    if not await launch(batch, queue_id):
+                for (_topic, broker_name, queue_id), batch in _half_batches(messages, rows_per_half):
+                    if not await launch(batch, broker_name, queue_id):
                         break
                 if inflight:
                     await asyncio.gather(*inflight)
@@ -314,7 +371,7 @@ def send_halves(namesrv: str, group: str, tag: HalfTag, messages: Iterable[tuple
                     task.cancel()
                 await asyncio.gather(*inflight, return_exceptions=True)
                 try:
-                    await _decide_all(producer, sent, ROLLBACK)
+                    await _decide_all(producer, listener.admin, sent, ROLLBACK)
                 except Exception as exc:  # the check-backs roll them back (the attempt will not commit them)
                     log.warning("rolling back %d halves of a failed task failed: %s", len(sent), exc)
                 raise
@@ -325,12 +382,12 @@ def send_halves(namesrv: str, group: str, tag: HalfTag, messages: Iterable[tuple
     return asyncio.run(run())
 
 
-def _half_batches(messages: Iterable[tuple[Message, int | None]], rows_per_half: int):
-    """(topic, queue id) and the rows of one batch half, as each fills up (``rows_per_half``, HALF_BATCH_BYTES),
-    then what is left; a pair's rows keep their order."""
-    open_batches: dict[tuple[str, int | None], tuple[list[Message], list[int]]] = {}
-    for msg, queue_id in messages:
-        key = (msg.topic, queue_id)
+def _half_batches(messages: Iterable[Row], rows_per_half: int):
+    """(topic, broker name, queue id) and the rows of one batch half, as each fills up (``rows_per_half``,
+    HALF_BATCH_BYTES), then what is left; a queue's rows keep their order."""
+    open_batches: dict[tuple[str, str | None, int | None], tuple[list[Message], list[int]]] = {}
+    for msg, broker_name, queue_id in messages:
+        key = (msg.topic, broker_name, queue_id)
         entry = open_batches.get(key)
         if entry is None:
             if len(open_batches) >= _OPEN_BATCHES:
@@ -348,13 +405,19 @@ def _half_batches(messages: Iterable[tuple[Message, int | None]], rows_per_half:
         yield key, batch
 
 
-async def _queue_of(producer, topic: str, queue_id: int) -> MessageQueue:
+async def _queue_of(producer, topic: str, broker_name: str | None, queue_id: int) -> MessageQueue:
+    """The writable queue columns 'broker_name' and 'queue_id' name; without a broker name, the queue of that id
+    of the topic's one broker that has it (a topic on several brokers has queue ids on each)."""
     route = producer.instance.routes.cached(topic) or await producer.instance.routes.get(topic, producer.auto_create)
-    for queue in route.write_queues:
-        if queue.queue_id == queue_id:
-            return queue
-    raise SinkError(f"column 'queue_id': topic {topic} has no writable queue {queue_id} "
-                    f"(it has {len(route.write_queues)})")
+    found = [q for q in route.write_queues if q.queue_id == queue_id and broker_name in (None, q.broker_name)]
+    if len(found) > 1:
+        raise SinkError(f"column 'queue_id': topic {topic} has a queue {queue_id} on each of "
+                        f"{', '.join(sorted(q.broker_name for q in found))}: column 'broker_name' says which")
+    if not found:
+        where = f" on broker {broker_name}" if broker_name is not None else ""
+        raise SinkError(f"column 'queue_id': topic {topic} has no writable queue {queue_id}{where} "
+                        f"(it has {len(route.write_queues)})")
+    return found[0]
 
 
 # --- driver side ---
@@ -374,7 +437,7 @@ async def _decide_one(producer: TransactionProducer, admin: Admin, half: HalfRec
                 raise SinkError(f"the broker refused to {'commit' if state is COMMIT else 'roll back'} half "
                                 f"{offset_msg_id} ({topic}/{queue_id}@{queue_offset}): {exc}") from exc
             try:
-                await admin.resume_half(offset_msg_id)
+                await admin.resume_half(offset_msg_id)  # on the broker the id names
             except BrokerError as resume_exc:
                 raise SinkError(f"half {offset_msg_id} ({topic}/{queue_id}@{queue_offset}) was decided the other "
                                 f"way before this commit: {exc}; {resume_exc}") from exc
@@ -387,46 +450,47 @@ async def _decide_one(producer: TransactionProducer, admin: Admin, half: HalfRec
             log.info("decision for half %s not answered (%s); sending it again", offset_msg_id, exc)
 
 
-async def _decide_all(producer: TransactionProducer, halves: list[HalfRecord], state: LocalTransactionState,
-                      window: int = DECIDE_WINDOW) -> None:
-    """Every decision acknowledged, ``window`` in flight; the first failure raises after the others finished."""
-    if not halves:
-        return
+async def _decide_all(producer: TransactionProducer, admin: Admin, halves: list[HalfRecord],
+                      state: LocalTransactionState, window: int = DECIDE_WINDOW) -> None:
+    """Every decision acknowledged (each by the broker holding its half), ``window`` in flight; the first failure
+    raises after the others finished."""
     slots = asyncio.Semaphore(window)
-    async with Admin(producer.instance.routes.namesrv[0]) as admin:
-        async def one(half: HalfRecord) -> None:
-            async with slots:
-                await _decide_one(producer, admin, half, state)
 
-        results = await asyncio.gather(*(one(h) for h in halves), return_exceptions=True)
+    async def one(half: HalfRecord) -> None:
+        async with slots:
+            await _decide_one(producer, admin, half, state)
+
+    results = await asyncio.gather(*(one(h) for h in halves), return_exceptions=True)
     errors = [r for r in results if isinstance(r, BaseException)]
     if errors:
         raise errors[0]
 
 
-def commit_batch(namesrv: str, group: str, sink_id: str, batch_id: int, attempt: str, tasks: Iterable[str],
-                 halves: list[HalfRecord]) -> bool:
-    """Decide a batch for ``attempt`` and carry the decision out. Returns True if this attempt's rows were
-    published, False if another attempt of the batch had already been (a streaming replay: its halves are rolled
-    back). Raises SinkError if the attempt was rolled back first (a check found its owner gone)."""
+def commit_batch(namesrv: str, group: str, log_broker: str, sink_id: str, batch_id: int, attempt: str,
+                 tasks: Iterable[str], halves: list[HalfRecord]) -> bool:
+    """Decide a batch for ``attempt`` in the decision log of ``log_broker`` and carry the decision out on every
+    broker holding its halves. Returns True if this attempt's rows were published, False if another attempt of
+    the batch had already been (a streaming replay: its halves are rolled back). Raises SinkError if the attempt
+    was rolled back first (a check found its owner gone)."""
     async def run() -> bool:
         producer, listener = sink_producer(namesrv, group)
+        decisions = listener.decision_log(log_broker)
         await producer.start()
         try:
-            records = await listener.log.read(sink_id, batch_id)
+            records = await decisions.read(sink_id, batch_id)
             winner, _ = batch_winner(records)
             if winner is None:
-                await listener.log.append(sink_id, batch_id, Decision(attempt, True, frozenset(tasks)))
-                winner, _ = batch_winner(await listener.log.read(sink_id, batch_id))
+                await decisions.append(sink_id, batch_id, Decision(attempt, True, frozenset(tasks)))
+                winner, _ = batch_winner(await decisions.read(sink_id, batch_id))
             if winner is not None and winner.attempt == attempt:
                 try:
-                    await _decide_all(producer, halves, COMMIT)
+                    await _decide_all(producer, listener.admin, halves, COMMIT)
                 except Exception as exc:
                     raise SinkError(f"batch {batch_key(sink_id, batch_id)} is decided COMMIT and some of its halves "
                                     f"could not be committed now ({exc}); the broker's check-backs publish them: "
                                     f"do not run the job again") from exc
                 return True
-            await _decide_all(producer, halves, ROLLBACK)
+            await _decide_all(producer, listener.admin, halves, ROLLBACK)
             if winner is None:
                 raise SinkError(f"batch {batch_key(sink_id, batch_id)} was rolled back before it could commit (a "
                                 f"check-back found its driver gone): nothing of it was published")
@@ -437,24 +501,26 @@ def commit_batch(namesrv: str, group: str, sink_id: str, batch_id: int, attempt:
     return asyncio.run(run())
 
 
-def abort_batch(namesrv: str, group: str, sink_id: str, batch_id: int, attempt: str,
+def abort_batch(namesrv: str, group: str, log_broker: str, sink_id: str, batch_id: int, attempt: str,
                 halves: list[HalfRecord]) -> None:
-    """Roll the attempt back: a rollback record first (so orphans of its failed tasks are answered ROLLBACK at
-    once), then its halves. An attempt already decided COMMIT is left to its commit."""
+    """Roll the attempt back: a rollback record first, in the decision log of ``log_broker`` (so orphans of its
+    failed tasks are answered ROLLBACK at once, on every broker), then its halves. An attempt already decided
+    COMMIT is left to its commit."""
     async def run() -> None:
         producer, listener = sink_producer(namesrv, group)
+        decisions = listener.decision_log(log_broker)
         await producer.start()
         try:
-            records = await listener.log.read(sink_id, batch_id)
+            records = await decisions.read(sink_id, batch_id)
             if half_verdict(records, attempt, "") is None:
-                await listener.log.append(sink_id, batch_id, Decision(attempt, False))
-                records = await listener.log.read(sink_id, batch_id)
+                await decisions.append(sink_id, batch_id, Decision(attempt, False))
+                records = await decisions.read(sink_id, batch_id)
             winner, _ = batch_winner(records)
             if winner is not None and winner.attempt == attempt:
                 log.warning("batch %s is decided COMMIT: abort leaves it to be published",
                             batch_key(sink_id, batch_id))
                 return
-            await _decide_all(producer, halves, ROLLBACK)
+            await _decide_all(producer, listener.admin, halves, ROLLBACK)
         finally:
             await producer.close()
             await listener.close()

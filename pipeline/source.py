@@ -2,9 +2,12 @@
 
 What to read, exactly one of: ``subscribe`` (comma-separated topics), ``subscribePattern`` (a regular expression
 matched against the whole name of every user topic, looked up again before every batch of a stream so new topics
-are picked up), ``assign`` (JSON ``{"topic": [queue ids]}``). Where to start and stop: ``startingOffsets`` /
-``endingOffsets`` (``earliest``, ``latest`` or JSON ``{"topic": {"0": 42}}`` where, as in Kafka, -2 means earliest
-and -1 latest), ``startingOffsetsByTimestamp`` / ``endingOffsetsByTimestamp`` (JSON ``{"topic": {"0": ms}}``) and
+are picked up), ``assign`` (JSON ``{"topic": ["broker-a:0", "broker-b:1"]}``). A topic has queues on every broker
+of its route; options and offsets name a queue "brokerName:queueId" (a queue id alone names the queue of a topic
+whose queues of that id are on one broker, the form of offsets written before the source read several brokers).
+Where to start and stop: ``startingOffsets`` / ``endingOffsets`` (``earliest``, ``latest`` or JSON
+``{"topic": {"broker-a:0": 42}}`` where, as in Kafka, -2 means earliest and -1 latest),
+``startingOffsetsByTimestamp`` / ``endingOffsetsByTimestamp`` (JSON ``{"topic": {"broker-a:0": ms}}``) and
 ``startingTimestamp`` / ``endingTimestamp`` (ms, every queue): a time means the first message the broker stored at
 or after it (the queue's end when there is none); a global time wins over per-queue times, which win over offsets.
 Ending options are for batch reads only. Streams: ``maxOffsetsPerTrigger``, ``minOffsetsPerTrigger`` with
@@ -28,18 +31,20 @@ from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadMaxRows, Rea
                                               SupportsTriggerAvailableNow)
 
 from . import broker_io
-from .broker_io import DataLossError, QueueBounds
+from .broker_io import DataLossError, QueueBounds, parse_queue_key, queue_label
 from .options import SINK_OPTIONS, SOURCE_OPTIONS, OptionError, parse_options
 from .sink import HalfmqStreamWriter, HalfmqWriter
 from .source_options import KAFKA_EARLIEST, KAFKA_LATEST, Bound, SourceOptions, source_options
 
 log = logging.getLogger(__name__)
 
-SCHEMA = ("topic string, queue_id int, queue_offset long, msg_id string, keys string, tags string, body binary, "
-          "properties map<string,string>, born_timestamp timestamp, store_timestamp timestamp")
+SCHEMA = ("topic string, broker_name string, queue_id int, queue_offset long, msg_id string, keys string, "
+          "tags string, body binary, properties map<string,string>, born_timestamp timestamp, "
+          "store_timestamp timestamp")
 
-Bounds = dict[str, dict[int, QueueBounds]]
-#: Offsets as Spark keeps them (JSON: string queue keys): {"topic": {"queueId": offset}}.
+#: {topic: {queue key ("brokerName:queueId"): bounds}}
+Bounds = dict[str, dict[str, QueueBounds]]
+#: Offsets as Spark keeps them (JSON): {"topic": {"brokerName:queueId": offset}}.
 Offsets = dict[str, dict[str, int]]
 
 
@@ -74,7 +79,35 @@ class HalfmqDataSource(DataSource):
 
 
 def _highs(bounds: Bounds) -> Offsets:
-    return {topic: {str(q): b.high for q, b in queues.items()} for topic, queues in bounds.items()}
+    return {topic: {key: b.high for key, b in queues.items()} for topic, queues in bounds.items()}
+
+
+def _resolve(topic: str, refs, keys, what: str) -> tuple[dict[str, str], list[str]]:
+    """The key of the queue among ``keys`` (a topic's queues now) each ref names, and the refs that name none. A
+    bare queue id names the topic's queue of that id when one broker has it; when several do it is ambiguous: an
+    OptionError saying ``what`` named it."""
+    by_id: dict[int, list[str]] = {}
+    for key in keys:
+        by_id.setdefault(parse_queue_key(key)[1], []).append(key)
+    found: dict[str, str] = {}
+    missing: list[str] = []
+    for ref in refs:
+        broker, queue_id = parse_queue_key(ref)
+        matches = [key for key in by_id.get(queue_id, ()) if broker is None or parse_queue_key(key)[0] == broker]
+        if len(matches) > 1:
+            raise OptionError(f"{what}: queue {ref} of topic {topic!r} is on several brokers "
+                              f"({', '.join(sorted(matches))}): name one, as brokerName:queueId")
+        if matches:
+            found[ref] = matches[0]
+        else:
+            missing.append(ref)
+    return found, missing
+
+
+def _by_key(topic: str, spec: dict[str, int], keys, what: str) -> dict[str, int]:
+    """A topic's per-queue values of an option by queue key; those of queues it does not have are left out."""
+    found, _missing = _resolve(topic, spec, keys, what)
+    return {found[ref]: value for ref, value in spec.items() if ref in found}
 
 
 def _split(ranges: list[QueueRange], min_partitions: int | None) -> list[QueueRange]:
@@ -116,56 +149,65 @@ class _Reading:
         return list(o.assign) if o.assign is not None else list(o.subscribe)
 
     def _bounds(self, first: bool) -> Bounds:
-        """The selected queues' bounds now. At a query's start a subscribed topic or assigned queue that does not
-        exist is an error naming it (later, it is data loss)."""
+        """The selected queues' bounds now, on every broker. At a query's start a subscribed topic or assigned
+        queue that does not exist is an error naming it (later, it is data loss)."""
         o = self.options
-        bounds = broker_io.queue_bounds(self.namesrv, self._topics(), o.assign)
+        select = None if o.assign is None else lambda topic, keys: self._assigned(topic, keys, first)
+        bounds = broker_io.queue_bounds(self.namesrv, self._topics(), select)
         if first and o.pattern is None:
             for topic in o.assign or o.subscribe:
                 if topic not in bounds:
                     option = "assign" if o.assign is not None else "subscribe"
                     raise OptionError(f"option '{option}': topic {topic!r} does not exist")
-            for topic, queues in (o.assign or {}).items():
-                missing = sorted(set(queues) - set(bounds[topic]))
-                if missing:
-                    raise OptionError(f"option 'assign': topic {topic!r} has no queue {missing} "
-                                      f"(its queues: {sorted(bounds[topic])})")
         return bounds
 
+    def _assigned(self, topic: str, keys: list[str], first: bool) -> list[str]:
+        found, missing = _resolve(topic, self.options.assign.get(topic, ()), keys, "option 'assign'")
+        if first and missing:
+            raise OptionError(f"option 'assign': topic {topic!r} has no queue [{', '.join(missing)}] "
+                              f"(its queues: {', '.join(sorted(keys))})")
+        return sorted(set(found.values()))
+
     def _positions(self, bound: Bound, bounds: Bounds, side: str) -> Offsets:
-        """A Bound as the offset of every queue (times looked up on the broker)."""
-        times: dict[str, dict[int, int]] = {}
+        """A Bound as the offset of every queue (times looked up on the brokers)."""
+        option = "startingOffsets" if side == "start" else "endingOffsets"
+        given: dict[str, dict[str, int]] = {}
+        times: dict[str, dict[str, int]] = {}
         for topic, queues in bounds.items():
-            for q in queues:
-                ts = bound.timestamp if bound.timestamp is not None else (bound.timestamps or {}).get(topic, {}).get(q)
+            if isinstance(bound.offsets, dict):
+                given[topic] = _by_key(topic, bound.offsets.get(topic, {}), queues, f"option '{option}'")
+            per_queue = _by_key(topic, (bound.timestamps or {}).get(topic, {}), queues,
+                                f"option '{option}ByTimestamp'")
+            for key in queues:
+                ts = bound.timestamp if bound.timestamp is not None else per_queue.get(key)
                 if ts is not None:
-                    times.setdefault(topic, {})[q] = ts
-        found = broker_io.offsets_for_times(self.namesrv, times, bounds) if times else {}
+                    times.setdefault(topic, {})[key] = ts
+        found = broker_io.offsets_for_times(self.namesrv, times) if times else {}
         out: Offsets = {}
         for topic, queues in bounds.items():
             out[topic] = {}
-            for q, b in queues.items():
-                if q in found.get(topic, {}):
-                    value = min(max(found[topic][q], b.low), b.high)
+            for key, b in queues.items():
+                if key in found.get(topic, {}):
+                    value = min(max(found[topic][key], b.low), b.high)
                 else:
-                    value = self._offset(bound.offsets, topic, q, b, side)
-                out[topic][str(q)] = value
+                    value = self._offset(given.get(topic, bound.offsets), topic, key, b, side)
+                out[topic][key] = value
         return out
 
-    def _offset(self, spec, topic: str, q: int, b: QueueBounds, side: str) -> int:
+    def _offset(self, spec: str | dict[str, int], topic: str, key: str, b: QueueBounds, side: str) -> int:
         if spec == "earliest":
             return b.low
         if spec == "latest":
             return b.high
-        value = spec.get(topic, {}).get(q, b.low if side == "start" else b.high)
+        value = spec.get(key, b.low if side == "start" else b.high)
         if value == KAFKA_LATEST:
             return b.high
         if value == KAFKA_EARLIEST:
             return b.low
         if value < b.low:
             if self.options.fail_on_data_loss:
-                raise DataLossError(f"{side} offset {value} of {topic}/{q} is no longer available (the queue "
-                                    f"starts at {b.low}); set failOnDataLoss=false to skip ahead")
+                raise DataLossError(f"{side} offset {value} of {queue_label(topic, key)} is no longer available "
+                                    f"(the queue starts at {b.low}); set failOnDataLoss=false to skip ahead")
             return b.low
         return value
 
@@ -181,14 +223,16 @@ class HalfmqBatchReader(_Reading, DataSourceReader):
         bounds = self._bounds(first=True)
         start = self._positions(self.options.starting, bounds, "start")
         end = self._positions(self.options.ending, bounds, "end")
-        ranges = [QueueRange(topic, bounds[topic][int(q)].broker_name, int(q), start[topic][q], stop)
-                  for topic, queues in end.items() for q, stop in queues.items() if stop > start[topic][q]]
+        ranges = [QueueRange(topic, *parse_queue_key(key), start[topic][key], stop)
+                  for topic, queues in end.items() for key, stop in queues.items() if stop > start[topic][key]]
         return _split(ranges, self.options.min_partitions)
 
 
 class HalfmqStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Offsets are JSON {"topic": {"queueId": next offset}}. Before every batch the queues are looked up again:
-    new topics (subscribePattern) and queues start at their earliest offset, and lost data is reported.
+    """Offsets are JSON {"topic": {"brokerName:queueId": next offset}}; those of a checkpoint written before the
+    source read several brokers name a queue by its id alone, and are read as the queue of that id of the topic's
+    one broker. Before every batch the queues are looked up again: new topics (subscribePattern) and queues (of a
+    broker the topic spread to, too) start at their earliest offset, and lost data is reported.
     With trigger(availableNow=True) the query stops at the offsets that were the latest when it started."""
 
     def __init__(self, options: SourceOptions):
@@ -228,33 +272,46 @@ class HalfmqStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvaila
             raise DataLossError(f"{what}; set failOnDataLoss=false to skip lost messages")
         log.warning("%s; skipped (failOnDataLoss=false)", what)
 
+    def _keyed(self, offsets: dict) -> Offsets:
+        """Spark's offsets with every queue named by its key, as last looked up (a queue named by its id alone,
+        in a checkpoint written before the source read several brokers, is the queue of that id)."""
+        out: Offsets = {}
+        for topic, queues in offsets.items():
+            bare = [ref for ref in queues if parse_queue_key(ref)[0] is None]
+            found, _missing = _resolve(topic, bare, self.bounds.get(topic, {}),
+                                       "the offsets of the query's checkpoint (written by a source that read one "
+                                       "broker)") if bare else ({}, [])
+            out[topic] = {found.get(ref, ref): offset for ref, offset in queues.items()}
+        return out
+
     def _checked(self, start: dict) -> Offsets:
         """Every queue's position for the next batch, after checking ``start`` (the last batch's end) against the
         queues now: what is lost is reported, and under failOnDataLoss=false skipped."""
         positions: Offsets = {}
+        start = self._keyed(start)
         for topic, queues in start.items():
-            for queue, pos in queues.items():
-                b = self.bounds.get(topic, {}).get(int(queue))
+            for key, pos in queues.items():
+                b = self.bounds.get(topic, {}).get(key)
+                label = queue_label(topic, key)
                 if b is None:
                     self._lost(f"topic {topic!r} was deleted" if topic not in self.bounds
-                               else f"queue {topic}/{queue} no longer exists")
+                               else f"queue {label} no longer exists")
                     continue
                 if pos > b.high:
-                    self._lost(f"offsets of {topic}/{queue} went backwards from {pos} to {b.high} (the queue was "
+                    self._lost(f"offsets of {label} went backwards from {pos} to {b.high} (the queue was "
                                f"emptied or created again); it is read again from its start, {b.low}")
                     pos = b.low
                 elif pos < b.low:
-                    self._lost(f"messages {topic}/{queue} offsets {pos}..{b.low - 1} were deleted before they "
-                               f"were read")
+                    self._lost(f"messages {label} offsets {pos}..{b.low - 1} were deleted before they were read")
                     pos = b.low
-                positions.setdefault(topic, {})[queue] = pos
+                positions.setdefault(topic, {})[key] = pos
         for topic, queues in self.bounds.items():
-            for q, b in queues.items():
-                if str(q) not in positions.get(topic, {}) and str(q) not in start.get(topic, {}):
+            for key, b in queues.items():
+                if key not in positions.get(topic, {}) and key not in start.get(topic, {}):
                     if b.low > 0:  # as Kafka's "added partition starts from X instead of 0"
-                        self._lost(f"new queue {topic}/{q} starts at offset {b.low}: the messages before were "
-                                   f"deleted before the query saw them")
-                    positions.setdefault(topic, {})[str(q)] = b.low
+                        self._lost(f"new queue {queue_label(topic, key)} starts at offset {b.low}: the messages "
+                                   f"before were deleted before the query saw them")
+                    positions.setdefault(topic, {})[key] = b.low
         return positions
 
     def latestOffset(self, start: dict, limit) -> dict:
@@ -311,19 +368,20 @@ class HalfmqStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvaila
 
     def partitions(self, start: dict, end: dict):
         # After a restart Spark may plan the batch it was running from its checkpoint before asking for offsets.
-        if any(int(q) not in self.bounds.get(t, {}) for t, qs in end.items() for q in qs):
+        if any(key not in self.bounds.get(t, {}) for t, keys in end.items() for key in keys):
             self._look()
+        start, end = self._keyed(start), self._keyed(end)
         ranges = []
         for topic, queues in end.items():
-            for queue, stop in queues.items():
-                b = self.bounds.get(topic, {}).get(int(queue))
+            for key, stop in queues.items():
+                b = self.bounds.get(topic, {}).get(key)
                 if b is None:
                     continue  # gone since it was planned: the task would find nothing, latestOffset reports it
-                begin = start.get(topic, {}).get(queue, b.low)  # a new queue starts at its earliest
+                begin = start.get(topic, {}).get(key, b.low)  # a new queue starts at its earliest
                 if begin > stop:  # offsets went backwards (reported by latestOffset): read from the start again
                     begin = b.low
                 if stop > begin:
-                    ranges.append(QueueRange(topic, b.broker_name, int(queue), begin, stop))
+                    ranges.append(QueueRange(topic, *parse_queue_key(key), begin, stop))
         return _split(ranges, self.options.min_partitions)
 
     def commit(self, end: dict) -> None:

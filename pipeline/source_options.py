@@ -7,7 +7,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from .broker_io import DEFAULT_PULL_TIMEOUT_S
+from .broker_io import DEFAULT_PULL_TIMEOUT_S, parse_queue_key, queue_key
 from .options import OptionError, namesrv_option
 
 #: Kafka's special offsets in the JSON form of startingOffsets / endingOffsets.
@@ -20,8 +20,9 @@ DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60_000
 _SELECTORS = ("subscribe", "subscribePattern", "assign")
 _ENDING = ("endingOffsets", "endingOffsetsByTimestamp", "endingTimestamp")
 
-#: A queue position: "earliest", "latest" or {topic: {queue id: offset}} (Kafka's -2/-1 kept as given).
-OffsetSpec = str | dict[str, dict[int, int]]
+#: A queue position: "earliest", "latest" or {topic: {queue: offset}} (Kafka's -2/-1 kept as given); a queue is
+#: named "brokerName:queueId", or by its queue id alone on a topic of one broker (resolved against the routes).
+OffsetSpec = str | dict[str, dict[str, int]]
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class Bound:
 
     offsets: OffsetSpec
     timestamp: int | None = None
-    timestamps: dict[str, dict[int, int]] | None = None
+    timestamps: dict[str, dict[str, int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class SourceOptions:
     namesrv: str
     subscribe: tuple[str, ...] = ()
     pattern: re.Pattern | None = None
-    assign: dict[str, tuple[int, ...]] | None = None
+    assign: dict[str, tuple[str, ...]] | None = None
     starting: Bound = Bound("earliest")
     ending: Bound = Bound("latest")
     max_per_trigger: int | None = None
@@ -98,18 +99,30 @@ def _pattern(text: str | None) -> re.Pattern | None:
         raise OptionError(f"option 'subscribePattern': {text!r} is not a regular expression ({exc})") from None
 
 
-def _assign(text: str | None) -> dict[str, tuple[int, ...]] | None:
+def queue_ref(text) -> str:
+    """A queue as an option names it, written one way: "brokerName:queueId", or a bare queue id. ValueError if it
+    is neither."""
+    broker, queue_id = parse_queue_key(text)
+    return str(queue_id) if broker is None else queue_key(broker, queue_id)
+
+
+def _ref_order(ref: str) -> tuple[str, int]:
+    broker, queue_id = parse_queue_key(ref)
+    return broker or "", queue_id
+
+
+def _assign(text: str | None) -> dict[str, tuple[str, ...]] | None:
     if not text or not text.strip():
         return None
     try:
         raw = json.loads(text)
-        assigned = {str(topic): tuple(sorted({int(q) for q in queues})) for topic, queues in raw.items()
-                    if not isinstance(queues, (str, dict))}
-        if len(assigned) != len(raw) or any(q < 0 for qs in assigned.values() for q in qs):
+        assigned = {str(topic): tuple(sorted({queue_ref(q) for q in queues}, key=_ref_order))
+                    for topic, queues in raw.items() if isinstance(queues, list)}
+        if len(assigned) != len(raw):
             raise ValueError
     except (ValueError, AttributeError, TypeError):
-        raise OptionError(f"option 'assign': {text!r} is not JSON like {{\"topic\": [0, 1]}} "
-                          f"(queue ids, not negative)") from None
+        raise OptionError(f"option 'assign': {text!r} is not JSON like {{\"topic\": [\"broker-a:0\", 1]}} "
+                          f"(queues: brokerName:queueId, or a queue id on a topic of one broker)") from None
     if not any(assigned.values()):
         raise OptionError("option 'assign' lists no queue")
     return assigned
@@ -125,12 +138,12 @@ def _bound(options: dict[str, str], side: str, default: str) -> Bound:
         raise OptionError("option 'endingOffsets': earliest is not an end, as in Kafka")
     if isinstance(offsets, dict):
         for topic, queues in offsets.items():
-            for queue_id, offset in queues.items():
+            for ref, offset in queues.items():
                 if offset == KAFKA_EARLIEST and side == "ending":
                     raise OptionError(f"option '{name}': -2 (earliest) is not allowed as an ending offset "
-                                      f"({topic}/{queue_id}), as in Kafka")
+                                      f"({topic}/{ref}), as in Kafka")
                 if offset < 0 and offset not in (KAFKA_EARLIEST, KAFKA_LATEST):
-                    raise OptionError(f"option '{name}': offset {offset} of {topic}/{queue_id} is negative "
+                    raise OptionError(f"option '{name}': offset {offset} of {topic}/{ref} is negative "
                                       f"(only -2 = earliest and -1 = latest are, as in Kafka)")
     timestamp = _count(options, f"{side}Timestamp", allow_zero=True)
     by_timestamp = options.get(f"{side}OffsetsByTimestamp".lower())
@@ -141,13 +154,14 @@ def _bound(options: dict[str, str], side: str, default: str) -> Bound:
     return Bound(offsets, timestamp, timestamps)
 
 
-def _queue_json(text: str, name: str) -> dict[str, dict[int, int]]:
+def _queue_json(text: str, name: str) -> dict[str, dict[str, int]]:
     try:
         raw = json.loads(text)
-        return {str(topic): {int(q): int(v) for q, v in queues.items()} for topic, queues in raw.items()}
+        return {str(topic): {queue_ref(q): int(v) for q, v in queues.items()} for topic, queues in raw.items()}
     except (ValueError, AttributeError, TypeError):
         raise OptionError(f"option '{name}': {text!r} is not earliest, latest or JSON like "
-                          f"{{\"topic\": {{\"0\": 42}}}}") from None
+                          f"{{\"topic\": {{\"broker-a:0\": 42}}}} (a queue id alone on a topic of one broker)") \
+            from None
 
 
 def _count(options: dict[str, str], name: str, allow_zero: bool = False) -> int | None:

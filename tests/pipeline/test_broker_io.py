@@ -39,7 +39,7 @@ def run_with_log(broker, coro_fn):
     async def run():
         async with TransactionProducer("PG_SINK", sink_io.SinkCheckListener(broker.namesrv_addr),
                                        broker.namesrv_addr) as producer, Admin(broker.namesrv_addr) as admin:
-            return await coro_fn(producer, admin, DecisionLog(producer, admin))
+            return await coro_fn(producer, admin, DecisionLog(producer, admin, broker.config.brokerName))
     return asyncio.run(run())
 
 
@@ -55,7 +55,7 @@ def test_decision_records_are_read_in_log_order_and_only_the_brokers_word_means_
 
     async def unreachable():
         async with Admin(unused_loopback_addr()) as admin:
-            await DecisionLog(None, admin).read("sink-a", 8)
+            await DecisionLog(None, admin, "broker-a").read("sink-a", 8)
     # No answer is not "no decision": publishing on a guess could duplicate or lose the batch.
     with pytest.raises(ClientError):
         asyncio.run(unreachable())
@@ -87,17 +87,18 @@ def check_answer(broker, tag: HalfTag) -> sink_io.LocalTransactionState:
 
 def test_check_answers_come_from_the_decision_log_and_the_owners_liveness(live_broker):
     namesrv = live_broker.namesrv_addr
-    committed = HalfTag("s1", 3, "A", "0.0", "OWNER-A")
+    log_broker = live_broker.config.brokerName
+    committed = HalfTag("s1", 3, "A", "0.0", "OWNER-A", log_broker)
     run_with_log(live_broker, lambda _p, _a, log: log.append("s1", 3, Decision("A", True, frozenset({"0.0"}))))
     assert check_answer(live_broker, committed) is C
-    assert check_answer(live_broker, HalfTag("s1", 3, "A", "0.1", "OWNER-A")) is R  # not the task attempt that won
-    assert check_answer(live_broker, HalfTag("s1", 3, "B", "0.0", "OWNER-B")) is R  # a replay: another attempt won
+    assert check_answer(live_broker, HalfTag("s1", 3, "A", "0.1", "OWNER-A", log_broker)) is R  # not the winner
+    assert check_answer(live_broker, HalfTag("s1", 3, "B", "0.0", "OWNER-B", log_broker)) is R  # a replay
 
     async def hold_owner(owner, then):
         async with TransactionProducer(sink_io.owner_group(owner), sink_io.SinkCheckListener(namesrv), namesrv):
             return await asyncio.to_thread(then)
 
-    undecided = HalfTag("s2", 0, "LIVE", "0.0", "DRIVER")
+    undecided = HalfTag("s2", 0, "LIVE", "0.0", "DRIVER", log_broker)
     # Undecided and the owner connected: a long job's half stays pending, whatever its age.
     assert asyncio.run(hold_owner("DRIVER", lambda: check_answer(live_broker, undecided))) is sink_io.UNKNOWN
     # The owner gone: a rollback record first, then ROLLBACK; a late commit of that attempt loses.
@@ -105,7 +106,7 @@ def test_check_answers_come_from_the_decision_log_and_the_owners_liveness(live_b
     records = run_with_log(live_broker, lambda _p, _a, log: log.read("s2", 0))
     assert records == [Decision("LIVE", False)]
     with pytest.raises(sink_io.SinkError, match="rolled back before it could commit"):
-        sink_io.commit_batch(namesrv, "PG_SINK", "s2", 0, "LIVE", ["0.0"], [])
+        sink_io.commit_batch(namesrv, "PG_SINK", log_broker, "s2", 0, "LIVE", ["0.0"], [])
 
 
 def test_a_commit_resumes_halves_discarded_after_their_checks(tmp_path):
@@ -120,8 +121,8 @@ def test_a_commit_resumes_halves_discarded_after_their_checks(tmp_path):
     bt = BrokerThread(tmp_path / "store", transactionCheckInterval=200, transactionTimeOut=100,
                       transactionCheckMax=2)
     namesrv = bt.broker.namesrv_addr
-    tag = HalfTag("long", 0, "A", "0.0", "OWNER")
-    messages = [(Message("LongT", b"%d" % i, properties={sink_io.IDEMPOTENCY_KEY: tag.row_key(i)}), None)
+    tag = HalfTag("long", 0, "A", "0.0", "OWNER", bt.broker.config.brokerName)
+    messages = [(Message("LongT", b"%d" % i, properties={sink_io.IDEMPOTENCY_KEY: tag.row_key(i)}), None, None)
                 for i in range(5)]
 
     def discarded() -> bool:
@@ -133,8 +134,8 @@ def test_a_commit_resumes_halves_discarded_after_their_checks(tmp_path):
         async with TransactionProducer(sink_io.owner_group("OWNER"), listener, namesrv), member:
             halves = await asyncio.to_thread(sink_io.send_halves, namesrv, "PG_LONG", tag, messages, 1)
             await asyncio.to_thread(wait_until, discarded, 60, "the halves to use up their checks")
-            assert await asyncio.to_thread(sink_io.commit_batch, namesrv, "PG_LONG", "long", 0, "A", ["0.0"],
-                                           halves)
+            assert await asyncio.to_thread(sink_io.commit_batch, namesrv, "PG_LONG", tag.log_broker, "long", 0, "A",
+                                           ["0.0"], halves)
         await listener.close()
 
     try:

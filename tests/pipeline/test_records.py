@@ -14,8 +14,9 @@ def record(offset: int, properties_text: str, topic: str = "T", store_host: str 
 
 
 def expected(buf: bytes) -> list[dict]:
-    return [{"topic": r.topic, "queue_id": r.queue_id, "queue_offset": r.queue_offset, "msg_id": r.msg_id,
-             "keys": r.keys, "tags": r.tags, "body": r.body, "properties": list(r.properties.items()),
+    return [{"topic": r.topic, "broker_name": "broker-q", "queue_id": r.queue_id, "queue_offset": r.queue_offset,
+             "msg_id": r.msg_id, "keys": r.keys, "tags": r.tags, "body": r.body,
+             "properties": list(r.properties.items()),
              "born_ms": r.born_timestamp, "store_ms": r.store_timestamp} for r in decode_records(buf)]
 
 
@@ -35,12 +36,12 @@ def test_every_field_as_the_protocol_decodes_it():
         record(3, "TAGS\x01a\x02k\x011\x02k\x012\x02", topic="L" * 200),  # a repeated name; v2 magic
         record(4, "TAGS\x01c\x02", store_host="[::1]:10911", born_host="[fe80::1]:1"),  # IPv6 hosts
     ])
-    assert decoded(records_to_batch(buf, 10, None)) == expected(buf)
+    assert decoded(records_to_batch(buf, 10, None, "broker-q")) == expected(buf)
 
 
 def test_offsets_past_the_end_and_other_tags_are_dropped():
     buf = b"".join(record(i, f"TAGS\x01{'ab'[i % 2]}\x02") for i in range(6))
-    assert [r["queue_offset"] for r in decoded(records_to_batch(buf, 4, None))] == [0, 1, 2, 3]
-    assert [r["queue_offset"] for r in decoded(records_to_batch(buf, 4, {"b"}))] == [1, 3]
-    assert records_to_batch(buf, 0, None) is None
-    assert records_to_batch(b"", 10, None) is None
+    assert [r["queue_offset"] for r in decoded(records_to_batch(buf, 4, None, "b"))] == [0, 1, 2, 3]
+    assert [r["queue_offset"] for r in decoded(records_to_batch(buf, 4, {"b"}, "b"))] == [1, 3]
+    assert records_to_batch(buf, 0, None, "b") is None
+    assert records_to_batch(b"", 10, None, "b") is None

@@ -218,7 +218,8 @@ def test_data_deleted_below_a_streams_position_is_checked_on_every_batch(spark, 
     query = start()  # from the checkpoint: its next batch starts at the b messages
     try:
         if fail:
-            with pytest.raises(Exception, match=r"LossT/\d offsets \d+\.\.\d+ were deleted before they were read"):
+            with pytest.raises(Exception, match=r"LossT/broker-a:\d offsets \d+\.\.\d+ were deleted before they were "
+                                                r"read"):
                 query.processAllAvailable()
         else:
             query.processAllAvailable()

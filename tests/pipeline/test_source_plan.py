@@ -22,13 +22,16 @@ def test_exactly_one_of_subscribe_subscribe_pattern_assign():
     with pytest.raises(OptionError, match="'subscribe', 'assign'"):
         opts(subscribe="T", assign='{"T": [0]}')
     assert opts(subscribePattern="Orders.*").pattern.fullmatch("Orders-eu")
-    assert opts(assign='{"T": [2, 0, 2]}').assign == {"T": (0, 2)}
+    assert opts(assign='{"T": [2, 0, 2]}').assign == {"T": ("0", "2")}
+    assert opts(assign='{"T": ["b:1", 0, "a:01"]}').assign == {"T": ("0", "a:1", "b:1")}
 
 
 @pytest.mark.parametrize("name, value, message", [
     ("subscribePattern", "(", "subscribePattern"),
     ("assign", '{"T": "0"}', "assign"),
     ("assign", '{"T": [-1]}', "assign"),
+    ("assign", '{"T": ["b:x"]}', "assign"),
+    ("startingOffsets", '{"T": {":0": 1}}', "startingOffsets"),
     ("assign", '{"T": []}', "assign"),
     ("startingOffsetsByTimestamp", '{"T": {"0": "x"}}', "startingOffsetsByTimestamp"),
     ("startingOffsetsByTimestamp", '{"T": {"0": -5}}', "startingOffsetsByTimestamp"),
@@ -80,7 +83,7 @@ def test_min_partitions_splits_queues_as_kafka_splits_partitions():
 
 
 class Planned(HalfmqStreamReader):
-    """The stream reader's planning with the broker's answer given (as queue_bounds would return it)."""
+    """The stream reader's planning with the brokers' answer given (as queue_bounds would return it)."""
 
     def __init__(self, bounds, **given):
         super().__init__(opts(True, subscribe="T,U", **given))
@@ -90,31 +93,57 @@ class Planned(HalfmqStreamReader):
         return self.given
 
 
+B = QueueBounds
+
+
 def test_every_batch_fails_on_data_lost_since_the_last_one():
-    reader = Planned({"T": {0: QueueBounds(0, 10, "b")}, "U": {0: QueueBounds(0, 5, "b")}})
-    assert reader.latestOffset({"T": {"0": 4}, "U": {"0": 0}}, None) == {"T": {"0": 10}, "U": {"0": 5}}
-    reader.given = {"T": {0: QueueBounds(6, 12, "b")}, "U": {0: QueueBounds(0, 5, "b")}}
-    with pytest.raises(DataLossError, match=r"T/0 offsets 4\.\.5 were deleted"):
-        reader.latestOffset({"T": {"0": 4}, "U": {"0": 0}}, None)
-    reader.given = {"T": {0: QueueBounds(0, 3, "b")}, "U": {0: QueueBounds(0, 5, "b")}}
-    with pytest.raises(DataLossError, match="T/0 went backwards from 10 to 3"):
-        reader.latestOffset({"T": {"0": 10}, "U": {"0": 0}}, None)
-    reader.given = {"T": {0: QueueBounds(0, 12, "b")}}
+    reader = Planned({"T": {"b:0": B(0, 10)}, "U": {"b:0": B(0, 5)}})
+    assert reader.latestOffset({"T": {"b:0": 4}, "U": {"b:0": 0}}, None) == {"T": {"b:0": 10}, "U": {"b:0": 5}}
+    reader.given = {"T": {"b:0": B(6, 12)}, "U": {"b:0": B(0, 5)}}
+    with pytest.raises(DataLossError, match=r"T/b:0 offsets 4\.\.5 were deleted"):
+        reader.latestOffset({"T": {"b:0": 4}, "U": {"b:0": 0}}, None)
+    reader.given = {"T": {"b:0": B(0, 3)}, "U": {"b:0": B(0, 5)}}
+    with pytest.raises(DataLossError, match="T/b:0 went backwards from 10 to 3"):
+        reader.latestOffset({"T": {"b:0": 10}, "U": {"b:0": 0}}, None)
+    reader.given = {"T": {"b:0": B(0, 12)}}
     with pytest.raises(DataLossError, match="topic 'U' was deleted"):
-        reader.latestOffset({"T": {"0": 10}, "U": {"0": 0}}, None)
-    reader.given = {"T": {0: QueueBounds(0, 12, "b"), 1: QueueBounds(3, 4, "b")}, "U": {0: QueueBounds(0, 5, "b")}}
-    with pytest.raises(DataLossError, match="new queue T/1 starts at offset 3"):
-        reader.latestOffset({"T": {"0": 10}, "U": {"0": 0}}, None)
+        reader.latestOffset({"T": {"b:0": 10}, "U": {"b:0": 0}}, None)
+    reader.given = {"T": {"b:0": B(0, 12), "b:1": B(3, 4)}, "U": {"b:0": B(0, 5)}}
+    with pytest.raises(DataLossError, match="new queue T/b:1 starts at offset 3"):
+        reader.latestOffset({"T": {"b:0": 10}, "U": {"b:0": 0}}, None)
 
 
 def test_without_fail_on_data_loss_lost_data_is_skipped_and_the_query_goes_on():
-    reader = Planned({"T": {0: QueueBounds(6, 12, "b"), 1: QueueBounds(2, 4, "b")}}, failOnDataLoss="false")
-    start = {"T": {"0": 4}, "U": {"0": 3}}
+    reader = Planned({"T": {"b:0": B(6, 12), "b:1": B(2, 4)}}, failOnDataLoss="false")
+    start = {"T": {"b:0": 4}, "U": {"b:0": 3}}
     end = reader.latestOffset(start, None)
-    assert end == {"T": {"0": 12, "1": 4}}  # U (deleted) dropped, the new queue T/1 read from its start
+    assert end == {"T": {"b:0": 12, "b:1": 4}}  # U (deleted) dropped, the new queue T/b:1 read from its start
     assert sorted((r.queue_id, r.start, r.end) for r in reader.partitions(start, end)) == [(0, 4, 12), (1, 2, 4)]
-    reader.given = {"T": {0: QueueBounds(0, 3, "b"), 1: QueueBounds(2, 4, "b")}}  # T/0 emptied and refilled
+    reader.given = {"T": {"b:0": B(0, 3), "b:1": B(2, 4)}}  # T/b:0 emptied and refilled
     start = end
     end = reader.latestOffset(start, None)
-    assert end == {"T": {"0": 3, "1": 4}}
+    assert end == {"T": {"b:0": 3, "b:1": 4}}
     assert [(r.queue_id, r.start, r.end) for r in reader.partitions(start, end)] == [(0, 0, 3)]
+
+
+def test_queues_of_several_brokers_are_told_apart_by_broker():
+    reader = Planned({"T": {"a:0": B(0, 10), "b:0": B(0, 7)}}, maxOffsetsPerTrigger="9")
+    end = reader.latestOffset({"T": {"a:0": 2, "b:0": 0}}, None)
+    assert end == {"T": {"a:0": 7, "b:0": 4}}  # queue 0 of each broker gets its share
+    assert sorted((r.broker_name, r.queue_id, r.start, r.end) for r in reader.partitions({"T": {"a:0": 2}}, end)) \
+        == [("a", 0, 2, 7), ("b", 0, 0, 4)]
+
+
+def test_a_checkpoint_written_when_the_source_read_one_broker_goes_on():
+    """Offsets of a checkpoint from before the source read several brokers name queues by id alone: on a topic of
+    one broker they are its queues; where a topic has the id on several brokers they cannot be told apart."""
+    reader = Planned({"T": {"b:0": B(0, 10), "b:1": B(0, 4)}})
+    old = {"T": {"0": 6, "1": 4}}
+    end = reader.latestOffset(old, None)
+    assert end == {"T": {"b:0": 10, "b:1": 4}}
+    assert [(r.broker_name, r.queue_id, r.start, r.end) for r in reader.partitions(old, end)] == [("b", 0, 6, 10)]
+    # Spark may plan the batch it was running from the checkpoint, its end in the old form too.
+    assert [(r.queue_id, r.start, r.end) for r in reader.partitions(old, {"T": {"0": 8, "1": 4}})] == [(0, 6, 8)]
+    reader.given = {"T": {"a:0": B(0, 3), "b:0": B(0, 10), "b:1": B(0, 4)}}
+    with pytest.raises(OptionError, match=r"checkpoint.*queue 0 of topic 'T' is on several brokers \(a:0, b:0\)"):
+        reader.latestOffset(old, None)

@@ -36,9 +36,11 @@ def fill_queue(broker, topic, count):
 
 
 def offsets(bt, topic, start, end, **read):
-    name = queue_bounds(bt.broker.namesrv_addr, [topic])[topic][0].broker_name
-    return [o for batch in read_range(bt.broker.namesrv_addr, topic, name, 0, start, end, RangeRead(**read))
-            for o in batch.column("queue_offset").to_pylist()]
+    name = bt.broker.config.brokerName
+    assert list(queue_bounds(bt.broker.namesrv_addr, [topic])[topic]) == [f"{name}:0"]  # queues by broker and id
+    batches = list(read_range(bt.broker.namesrv_addr, topic, name, 0, start, end, RangeRead(**read)))
+    assert all(set(batch.column("broker_name").to_pylist()) == {name} for batch in batches)
+    return [o for batch in batches for o in batch.column("queue_offset").to_pylist()]
 
 
 def test_a_range_is_read_whole_across_chunks_and_stops_early_cleanly(bt, monkeypatch):
@@ -46,8 +48,7 @@ def test_a_range_is_read_whole_across_chunks_and_stops_early_cleanly(bt, monkeyp
     monkeypatch.setattr(broker_io, "PULL_BATCH", 3)
     fill_queue(bt.broker, "ReadT", 40)
     assert offsets(bt, "ReadT", 5, 38) == list(range(5, 38))
-    name = queue_bounds(bt.broker.namesrv_addr, ["ReadT"])["ReadT"][0].broker_name
-    batches = read_range(bt.broker.namesrv_addr, "ReadT", name, 0, 0, 40)
+    batches = read_range(bt.broker.namesrv_addr, "ReadT", bt.broker.config.brokerName, 0, 0, 40)
     assert next(batches).num_rows == 7
     batches.close()  # Spark stopping early (a limit): the pulling thread ends, nothing left running
 
@@ -58,14 +59,14 @@ def test_messages_deleted_under_a_read_fail_it_or_are_skipped(bt):
     async def delete_below():  # what retention does: the queue now starts at 6
         bt.broker.store.advance_minimums({("GoneUnderT", 0): 6})
     bt.call(delete_below())
-    with pytest.raises(DataLossError, match=r"GoneUnderT/0 offsets 2\.\.5 are gone .*failOnDataLoss=false"):
+    with pytest.raises(DataLossError, match=r"GoneUnderT/broker-a:0 offsets 2\.\.5 are gone .*failOnDataLoss=false"):
         offsets(bt, "GoneUnderT", 2, 10)
     assert offsets(bt, "GoneUnderT", 2, 10, fail_on_data_loss=False) == [6, 7, 8, 9]
 
 
 def test_a_queue_whose_offsets_went_backwards_under_a_read(bt):
     fill_queue(bt.broker, "ShrunkT", 4)
-    with pytest.raises(DataLossError, match=r"ShrunkT/0 offsets 4\.\.9 are gone .*now ends at 4"):
+    with pytest.raises(DataLossError, match=r"ShrunkT/broker-a:0 offsets 4\.\.9 are gone .*now ends at 4"):
         offsets(bt, "ShrunkT", 0, 10)  # planned to 10, the queue holds 4
     assert offsets(bt, "ShrunkT", 0, 10, fail_on_data_loss=False) == [0, 1, 2, 3]
 
@@ -73,7 +74,7 @@ def test_a_queue_whose_offsets_went_backwards_under_a_read(bt):
 def test_a_pull_waits_at_most_the_poll_timeout(bt):
     """kafkaConsumer.pollTimeoutMs becomes each pull's timeout: a stalled broker fails the task that long after."""
     fill_queue(bt.broker, "StallT", 3)
-    name = queue_bounds(bt.broker.namesrv_addr, ["StallT"])["StallT"][0].broker_name
+    name = bt.broker.config.brokerName
     resume = threading.Event()
 
     async def pull_from_a_stalled_broker():
