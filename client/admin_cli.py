@@ -251,8 +251,8 @@ OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
 
 #: command → (function, option names, description). The option letters are mqadmin's.
 COMMANDS: dict[str, tuple[Any, list[str], str]] = {
-    "clusterList": (_call("cluster_list"), [], "brokers the name server knows"),
-    "topicList": (topic_list, [], "topics the name server knows"),
+    "clusterList": (_call("cluster_list"), [], "brokers the name servers know"),
+    "topicList": (topic_list, [], "topics the name servers know"),
     "topicRoute": (_call("topic_route", "topic"), ["topic"], "a topic's brokers and queues"),
     "topicStatus": (_call("topic_status", "topic"), ["topic", "cluster"],
                     "a topic's queues on every broker: min and max offset"),

@@ -101,9 +101,11 @@ async def test_update_topic_on_every_master_of_the_cluster_or_on_one_broker(clus
     await routed_everywhere(cluster, "Orders", {"broker-0": 2, "broker-1": 2, "broker-2": 2})
 
     await asyncio.gather(ok(ns, "updateTopic", "-t", "Orders", "-r", "4", "-w", "4", "-b", "broker-1"),
-                         ok(ns, "updateTopic", "-t", "Solo", "-b", cluster.brokers[2].broker_addr))
+                         ok(ns, "updateTopic", "-t", "Solo", "-b", cluster.brokers[2].broker_addr),
+                         ok(ns, "updateTopic", "-t", "Everywhere", "-r", "3", "-w", "3"))  # the one cluster's
     await routed_everywhere(cluster, "Orders", {"broker-0": 2, "broker-1": 4, "broker-2": 2})
     await routed_everywhere(cluster, "Solo", {"broker-2": 8})
+    await routed_everywhere(cluster, "Everywhere", dict.fromkeys(BROKERS, 3))
 
 
 async def test_delete_topic_on_every_broker_and_in_every_name_server(cluster):
