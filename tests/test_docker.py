@@ -15,6 +15,10 @@ a message is sent and consumed from the host with halfmq's Python client, throug
 the section's remaining commands (``docker exec ... admin``, ``docker stop``) run; the stopped broker must have
 exited with status 0. The daemon, and with it every image, container and volume, is removed at the end.
 
+test_compose_file_runs_a_cluster_of_two_name_servers_and_two_brokers runs docker-compose.yml's services with the
+image the README test built (one daemon for the module), as the ``docker run`` commands Compose would issue: Compose
+is not installed here (Debian has only the Python docker-compose 1.29; it ran this file against this daemon by hand).
+
 Takes 1.5 minutes from a cold start on the 2-core CI machine, 3 when others load it: the base image 55-100 s
 (debootstrap, downloading every package), the build 20-40 s, start-up to healthy 12 s, the rest a few seconds.
 scripts/install_docker.sh installs docker.io and debootstrap.
@@ -22,6 +26,8 @@ scripts/install_docker.sh installs docker.io and debootstrap.
 from __future__ import annotations
 
 import asyncio
+import collections
+import json
 import os
 import queue
 import re
@@ -33,11 +39,13 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from halfmq.broker import health
 from halfmq.client import Message, Producer, PullConsumer
 
 from tests.support.broker_process import BrokerProcess
+from tests.support.cluster import until
 from tests.support.dockerd import CLIENT, Dockerd, missing_tools
 
 REPO = Path(__file__).resolve().parents[1]
@@ -161,23 +169,33 @@ def option(commands: list[list[str]], command: str, name: str) -> str:
     return argv[argv.index(name) + 1]
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="dockerd and debootstrap need root")
-def test_readme_docker_section_builds_runs_and_serves_on_another_port():
+@pytest.fixture(scope="module")
+def dockerd():
+    """One private daemon with the base image for this module's tests: the image the README test builds is the one
+    the Compose test runs (built once: a build takes 20-40 s)."""
     missing = missing_tools()
     assert not missing, f"missing {missing}: run scripts/install_docker.sh (scripts/test.sh does)"
-    readme_commands = section_commands((REPO / "README.md").read_text(), SECTION)
-    ports = dict(zip(README_PORTS, free_ports(len(README_PORTS))))
-    container, image = option(readme_commands, "run", "--name"), option(readme_commands, "build", "-t")
-    dockerd = Dockerd()
-    events = None
+    daemon = Dockerd()
     try:
-        dockerd.start()
+        daemon.start()
         started = time.monotonic()
         made = subprocess.run(["bash", "scripts/make_base_image.sh", BASE_IMAGE], check=False, cwd=REPO,
-                              env={**dockerd.env, "TMPDIR": str(dockerd.root)}, capture_output=True, text=True,
+                              env={**daemon.env, "TMPDIR": str(daemon.root)}, capture_output=True, text=True,
                               timeout=600)
         assert made.returncode == 0, f"make_base_image.sh failed:\n{made.stdout}{made.stderr}"
         print(f"base image made in {time.monotonic() - started:.0f} s")
+        yield daemon
+    finally:
+        daemon.stop()  # every image, container, volume and network goes with it
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="dockerd and debootstrap need root")
+def test_readme_docker_section_builds_runs_and_serves_on_another_port(dockerd):
+    readme_commands = section_commands((REPO / "README.md").read_text(), SECTION)
+    ports = dict(zip(README_PORTS, free_ports(len(README_PORTS))))
+    container = option(readme_commands, "run", "--name")
+    events = None
+    try:
         events = HealthEvents(dockerd, container)
         outputs, exchanged = [], False
         for argv in readme_commands:
@@ -212,7 +230,137 @@ def test_readme_docker_section_builds_runs_and_serves_on_another_port():
     finally:
         if events is not None:
             events.close()
-        for argv in (["rm", "--force", "--volumes", container], ["volume", "prune", "--force"],
-                     ["image", "rm", "--force", image, BASE_IMAGE]):
+        for argv in (["rm", "--force", "--volumes", container], ["volume", "prune", "--force"]):
             dockerd.docker(*argv, check=False)
-        dockerd.stop()
+
+
+#: What the Compose test translates into ``docker run`` options; a service using anything else fails it, so the file
+#: cannot grow a setting the test would silently skip.
+COMPOSE_KEYS = {"image", "build", "entrypoint", "healthcheck", "ports", "networks", "depends_on", "environment",
+                "volumes"}
+
+
+def compose_file(variables: dict[str, str]) -> dict:
+    """docker-compose.yml with its ``${VAR:-default}`` references replaced as Compose does."""
+    def value(match: re.Match) -> str:
+        if match.group(1) in variables:
+            return variables[match.group(1)]
+        assert match.group(2) is not None, f"docker-compose.yml uses ${{{match.group(1)}}} without a default"
+        return match.group(2)
+    return yaml.safe_load(re.sub(r"\$\{(\w+)(?::-([^}]*))?\}", value, (REPO / "docker-compose.yml").read_text()))
+
+
+def compose_runs(compose: dict, ports: dict[str, str]) -> list[tuple[str, list[str]]]:
+    """(service, ``docker run`` arguments) for each service, dependencies first: the containers ``docker compose
+    up`` makes, named after their services (which is also how Compose's network aliases name them), published
+    host ports replaced by ``ports``."""
+    services, order = compose["services"], []
+
+    def visit(name: str) -> None:
+        for dependency in services[name].get("depends_on", []):
+            visit(dependency)
+        if name not in order:
+            order.append(name)
+    for name in services:
+        visit(name)
+    runs = []
+    for name in order:
+        service = services[name]
+        assert set(service) <= COMPOSE_KEYS, f"service {name} uses {set(service) - COMPOSE_KEYS}: translate it here"
+        argv = ["run", "-d", "--name", name]
+        networks = service["networks"]
+        [(network, settings)] = networks.items() if isinstance(networks, dict) else [(networks[0], None)]
+        argv += ["--network", compose["networks"][network]["name"]]
+        if settings:
+            argv += ["--ip", settings["ipv4_address"]]
+        for key, val in service.get("environment", {}).items():
+            argv += ["-e", f"{key}={val}"]
+        for volume in service.get("volumes", []):
+            argv += ["-v", volume]
+        for port in service.get("ports", []):
+            host, published, target = port.split(":")
+            argv += ["-p", f"{host}:{ports[published]}:{target}"]
+        if check := service.get("healthcheck"):
+            kind, *command = check["test"]
+            assert kind == "CMD", f"service {name}: only exec-form health checks are translated"
+            argv += ["--health-cmd", shlex.join(command), "--health-interval", check["interval"],
+                     "--health-timeout", check["timeout"], "--health-retries", str(check["retries"])]
+        command = []
+        if "entrypoint" in service:
+            entrypoint, *command = service["entrypoint"]  # docker run takes the rest as the command
+            argv += ["--entrypoint", entrypoint]
+        runs.append((name, [*argv, service["image"], *command]))
+    return runs
+
+
+def ensure_image(dockerd: Dockerd, readme_commands: list[list[str]]) -> str:
+    """The image the README test built, or built here as it does when that test did not run first."""
+    image = option(readme_commands, "build", "-t")
+    if dockerd.docker("image", "inspect", image, check=False).returncode:
+        argv = for_this_machine(next(argv for argv in readme_commands if argv[1] == "build"), {})
+        built = subprocess.run([CLIENT, *argv[1:]], check=False, cwd=REPO, env=dockerd.env, capture_output=True,
+                               text=True, timeout=900)
+        assert built.returncode == 0, f"{shlex.join(argv)}:\n{built.stdout[-3000:]}{built.stderr[-3000:]}"
+    return image
+
+
+async def cluster_list(dockerd: Dockerd, container: str, namesrv: str) -> dict[str, str]:
+    """brokerName → address, as ``halfmq admin clusterList`` run in ``container`` prints them."""
+    done = await asyncio.to_thread(dockerd.docker, "exec", container, "halfmq", "admin", "-n", namesrv,
+                                   "clusterList", "--json")
+    return {row["brokerName"]: row["addr"] for row in json.loads(done.stdout)}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="dockerd and debootstrap need root")
+async def test_compose_file_runs_a_cluster_of_two_name_servers_and_two_brokers(dockerd):
+    """docker-compose.yml's services, run from the image as ``docker run`` commands (Compose is not installed
+    here): every container becomes healthy, each name server lists both brokers, sends from the host through the
+    published name-server ports land on both brokers and are stored, and a stopped broker leaves the routes."""
+    image = ensure_image(dockerd, section_commands((REPO / "README.md").read_text(), SECTION))
+    compose = compose_file({"HALFMQ_NET": dockerd.free_prefix()})
+    published = [port.split(":")[1] for service in compose["services"].values() for port in service.get("ports", [])]
+    ports = dict(zip(published, free_ports(len(published))))
+    runs = compose_runs(compose, ports)
+    assert {service["image"] for service in compose["services"].values()} == {image}
+    [network] = compose["networks"].values()
+    brokers = {service["environment"]["HALFMQ_brokerName"]: f"{service['environment']['HALFMQ_brokerIP1']}:10911"
+               for service in compose["services"].values() if "environment" in service}
+    namesrvs = [name for name, service in compose["services"].items() if "environment" not in service]
+    assert len(brokers) == 2 and len(namesrvs) == 2, (brokers, namesrvs)
+    events = {name: HealthEvents(dockerd, name) for name, _ in runs}
+    try:
+        dockerd.create_network(network["name"], network["ipam"]["config"][0]["subnet"])
+        for name, argv in runs:
+            dockerd.docker(*argv)
+        for name, watch in events.items():
+            try:
+                watch.wait_healthy(HEALTH_TIMEOUT)
+            except AssertionError as exc:
+                raise AssertionError(f"{name}: {exc}\n{diagnosis(dockerd, name)}") from None
+        for namesrv in namesrvs:
+            async def lists_both(namesrv=namesrv) -> bool:
+                return await cluster_list(dockerd, "broker-0", f"{namesrv}:9876") == brokers
+            # a broker registers as it starts; one that started before a name server listened, 30 s later
+            await until(lists_both, 60, f"{namesrv} lists both brokers", interval=1)
+        landed = collections.Counter()
+        async with Producer("compose-test-producer", ";".join(f"127.0.0.1:{port}" for port in ports.values())) \
+                as producer:
+            for i in range(40):
+                landed[(await producer.send(Message("ComposeTopic", b"%d" % i))).queue.broker_name] += 1
+        assert set(landed) == set(brokers), landed
+        status = json.loads(dockerd.docker("exec", "broker-1", "halfmq", "admin", "-n", ";".join(
+            f"{n}:9876" for n in namesrvs), "topicStatus", "-t", "ComposeTopic", "--json").stdout)
+        stored = collections.Counter()
+        for row in status:
+            stored[row["brokerName"]] += row["maxOffset"] - row["minOffset"]
+        assert stored == landed
+        dockerd.docker("stop", "broker-1")
+        assert dockerd.docker("inspect", "--format", "{{.State.ExitCode}}", "broker-1").stdout.strip() == "0"
+        assert await cluster_list(dockerd, "broker-0", f"{namesrvs[0]}:9876") == \
+            {"broker-0": brokers["broker-0"]}, "a stopped broker unregisters as it stops"
+    finally:
+        for watch in events.values():
+            watch.close()
+        dockerd.docker("rm", "--force", "--volumes", *events, check=False)
+        dockerd.docker("network", "rm", network["name"], check=False)
+        dockerd.docker("volume", "rm", "--force", *compose.get("volumes", {}), check=False)

@@ -50,6 +50,7 @@ class Dockerd:
         self._listening = threading.Event()
         self.bridge = f"hmqdk{os.getpid()}"[:15]  # interface names are at most 15 characters
         self._bridge_made = False
+        self._network_bridges: list[str] = []
 
     def start(self, timeout: float = 60.0) -> Dockerd:
         mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE},mode=0700", "tmpfs",
@@ -70,15 +71,28 @@ class Dockerd:
             raise DockerdFailed(f"dockerd exited with status {self.proc.returncode}:\n{self.log()}")
         return self
 
-    def _make_bridge(self) -> None:
+    @staticmethod
+    def free_prefix() -> str:
+        """``10.213.N``: the first /24 of BRIDGE_NETWORK that no interface of the machine has."""
         in_use = subprocess.run(["ip", "-o", "-4", "addr", "show"], check=False, capture_output=True,
                                 text=True).stdout
         subnet = next((n for n in range(1, 255) if f" {BRIDGE_NETWORK}.{n}." not in in_use), None)
         if subnet is None:
             raise DockerdFailed(f"every {BRIDGE_NETWORK}.N.0/24 is in use: bridges left by killed test runs? "
-                                f"(ip -o addr show | grep hmqdk)")
+                                f"(ip -o addr show | grep hmq)")
+        return f"{BRIDGE_NETWORK}.{subnet}"
+
+    def create_network(self, name: str, subnet: str) -> None:
+        """A user-defined bridge network (``docker network create``) on a bridge named here, which ``stop`` deletes
+        should the network outlive its test: dockerd keeps a network's bridge when it stops."""
+        bridge = f"hmqn{len(self._network_bridges)}{os.getpid()}"[:15]
+        self._network_bridges.append(bridge)  # first: a failed create may still have made it
+        self.docker("network", "create", "--subnet", subnet, "-o", f"com.docker.network.bridge.name={bridge}", name)
+
+    def _make_bridge(self) -> None:
+        prefix = self.free_prefix()
         for command in (["ip", "link", "add", self.bridge, "type", "bridge"],
-                        ["ip", "addr", "add", f"{BRIDGE_NETWORK}.{subnet}.1/24", "dev", self.bridge],
+                        ["ip", "addr", "add", f"{prefix}.1/24", "dev", self.bridge],
                         ["ip", "link", "set", self.bridge, "up"]):
             done = subprocess.run(command, check=False, capture_output=True, text=True)
             if done.returncode:
@@ -121,6 +135,8 @@ class Dockerd:
             shutil.rmtree(self.root, ignore_errors=True)
             if self._bridge_made:
                 subprocess.run(["ip", "link", "delete", self.bridge], check=False, capture_output=True)
+            for bridge in self._network_bridges:  # gone already unless its network was not removed
+                subprocess.run(["ip", "link", "delete", bridge], check=False, capture_output=True)
 
     def _unmount_leftovers(self) -> None:
         """dockerd leaves its default network namespace mounted under the exec root: the tmpfs cannot be unmounted,
