@@ -20,6 +20,7 @@ COPY store store
 COPY transactions transactions
 COPY client client
 COPY pipeline pipeline
+COPY dashboard dashboard
 COPY conf conf
 COPY scripts scripts
 # The same install step the README's commands and the tests run (.venv with halfmq and its gRPC endpoint in it).
@@ -29,7 +30,7 @@ RUN bash scripts/bootstrap.sh grpc \
 
 USER halfmq
 VOLUME ["/var/lib/halfmq", "/etc/halfmq"]
-EXPOSE 9876 10911 5557 8081
+EXPOSE 9876 10911 5557 8081 8080
 # Healthy when the broker answers on its port (it listens only once the store is open and services run): the
 # listenPort the running broker was given, by broker.conf, HALFMQ_listenPort or a flag (broker/health.py).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \

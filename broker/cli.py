@@ -49,7 +49,8 @@ async def run_broker(config) -> None:
     settle_garbage_collector()
     # Always printed, whatever logLevel: scripts and supervisors wait for this line.
     print(f"halfmq ready: broker {broker.addr} namesrv {broker.namesrv_addr or '-'} "
-          f"metrics {broker.metrics_addr or '-'} grpc {broker.grpc_addr or '-'}", flush=True)
+          f"metrics {broker.metrics_addr or '-'} grpc {broker.grpc_addr or '-'} "
+          f"dashboard {broker.dashboard_addr or '-'}", flush=True)
     await stop.wait()
     await broker.stop()
 
@@ -131,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: halfmq broker [-c FILE] [--KEY=VALUE ...]\n       halfmq namesrv [-c FILE] [--KEY=VALUE ...]\n"
               "       halfmq cluster [--namesrvs N] [--brokers N] [--dir DIR] ... [-- BROKER FLAGS]\n"
+              "       halfmq dashboard -n NAMESRV [--dashboardPort=8080] ...\n"
               "       halfmq admin COMMAND [-n NAMESRV] ...\n       halfmq --version")
         return 0 if argv else 2
     if argv[0] in ("-V", "--version"):
@@ -144,11 +146,14 @@ def main(argv: list[str] | None = None) -> int:
     if command == "cluster":
         from .local_cluster import cluster_main
         return cluster_main(rest)
+    if command == "dashboard":
+        # The dashboard is a client of the brokers too (halfmq.dashboard), handed over to by name as admin is.
+        return importlib.import_module("halfmq.dashboard.cli").main(rest)
     if command == "admin":
         # The admin tool is a client of the broker; the one `halfmq` entry point hands over to it by name, so the
         # broker package itself never depends on the client package.
         return importlib.import_module("halfmq.client.admin_cli").main(rest)
-    print(f"halfmq: unknown command {command!r} (try: halfmq broker, halfmq namesrv, halfmq cluster, halfmq admin)",
+    print(f"halfmq: unknown command {command!r} (try: halfmq broker, halfmq namesrv, halfmq cluster, halfmq dashboard, halfmq admin)",
           file=sys.stderr)
     return 2
 

@@ -160,6 +160,10 @@ class BrokerConfig:
         "distinct topics, and distinct groups, that get series of their own in the metrics; later ones are "
         "counted under the label value (other)", default=1000, meta={"min": 1})
     metricsPromExporterHost: str = _doc("interface the metrics port listens on; empty = bindAddress", default="")
+    dashboardPort: int = _doc("the dashboard's HTTP port (pages and a JSON API over the cluster's brokers; 0 = any "
+                              "free port, -1 = off)", default=8080, meta={"min": -1, "max": 65535})
+    dashboardBindAddress: str = _doc("interface the dashboard listens on; empty = 127.0.0.1 (loopback only) unless "
+                                     "aclEnable, then bindAddress (with ACL only admin accounts sign in)", default="")
     # --- the gRPC endpoint for RocketMQ 5 clients (issue 15; broker/grpc/) ---
     grpcListenPort: int = _doc("gRPC port for RocketMQ 5 clients (apache.rocketmq.v2.MessagingService, what the "
                                "reference proxy serves on 8081); 0 = any free port, -1 = off. It listens on "

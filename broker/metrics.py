@@ -123,11 +123,14 @@ class BrokerMetrics:
                                     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5), registry=r)
         self.half_open: dict[str, int] = {}
         self._out: dict = {}
+        #: every topic's, for the runtime info (the dashboard's sends/s and pulls/s)
+        self.messages_in_total = self.messages_out_total = 0
         r.register(_StateCollector(self))
         self._http = None
 
     # --- hooks called by processors and services (hot: labelled children are cached) ---
     def message_in(self, topic: str, nbytes: int, count: int = 1) -> None:
+        self.messages_in_total += count
         topic = self.topic_label(topic)
         totals = self.messages_in.get(topic)
         if totals is None:
@@ -136,6 +139,7 @@ class BrokerMetrics:
         totals[1] += nbytes
 
     def message_out(self, topic: str, group: str, count: int, nbytes: int) -> None:
+        self.messages_out_total += count
         key = (topic, group)
         children = self._out.get(key)
         if children is None:

@@ -111,6 +111,8 @@ class Broker:
         self.producer: ProducerService | None = None
         self.consumer: ConsumerService | None = None
         self.grpc = None  #: broker/grpc's GrpcEndpoint, when grpcListenPort >= 0 and the grpc extra is installed
+        self.dashboard = None  #: halfmq.dashboard's DashboardServer, when dashboardPort >= 0
+        self.dashboard_addr = ""
         self.routes: RouteTable | None = None  #: the built-in name server's table: this broker alone
         self.registrar: Registrar | None = None  #: with namesrvAddr: this broker's registrations
         self.grpc_port = 0
@@ -218,15 +220,17 @@ class Broker:
                 raise bind_error("metricsPromExporterPort", host, cfg.metricsPromExporterPort, exc) from None
             self.metrics_port = bound[1]
             self.metrics_addr = format_address(bound)
+        if cfg.dashboardPort >= 0:
+            await self._start_dashboard(ctx)
         if cfg.namesrvAddr:
             grpc_addr = f"{cfg.advertised_ip}:{self.grpc_port}" if self.grpc is not None else ""
             self.registrar = Registrar(cfg, topics, ctx.broker_addr, grpc_addr)
             topics.change_listeners.append(self.registrar.topics_changed)
             await self.registrar.start()
         log.info("effective configuration: %s", " ".join(f"{k}={v}" for k, v in cfg.as_dict().items()))
-        log.info("listening: broker %s namesrv %s metrics %s grpc %s; routes and message ids advertise %s",
-                 self.addr, self.namesrv_addr or "-", self.metrics_addr or "-", self.grpc_addr or "-",
-                 ctx.broker_addr)
+        log.info("listening: broker %s namesrv %s metrics %s grpc %s dashboard %s; routes and message ids advertise "
+                 "%s", self.addr, self.namesrv_addr or "-", self.metrics_addr or "-", self.grpc_addr or "-",
+                 self.dashboard_addr or "-", ctx.broker_addr)
         if not cfg.brokerIP1 and cfg.bindAddress in WILDCARDS:
             log.warning("bound to every interface but brokerIP1 is not set: routes advertise %s, which only "
                         "clients on this host can reach", ctx.broker_addr)
@@ -255,6 +259,22 @@ class Broker:
         task = PeriodicTask("expire-grpc-clients", CLIENT_SCAN_INTERVAL_S, self.grpc.expire_sessions)
         self.periodic.append(task)
         task.start()
+
+    async def _start_dashboard(self, ctx) -> None:
+        """The dashboard (halfmq.dashboard): a client of the brokers like `halfmq admin`, so it asks this broker's
+        own port for routes (the name-server requests are served there too) or the cluster's name servers."""
+        cfg = self.config
+        from halfmq.dashboard.server import DashboardServer
+        from halfmq.dashboard.settings import DashboardSettings
+        own = f"{cfg.advertised_ip}:{self.namesrv_port}" if self.namesrv_addr else ctx.broker_addr
+        settings = DashboardSettings.from_broker_config(cfg, cfg.namesrvAddr or own)
+        server = DashboardServer(settings)
+        try:
+            await server.start()
+        except OSError as exc:
+            raise bind_error("dashboardPort", settings.host, cfg.dashboardPort, exc) from None
+        self.dashboard = server
+        self.dashboard_addr = server.addr
 
     def _tls_context(self) -> ssl.SSLContext | None:
         cfg = self.config
@@ -303,6 +323,8 @@ class Broker:
         try:
             if self.registrar is not None:
                 await self.registrar.stop()  # first: clients' routes leave this broker before its port closes
+            if self.dashboard is not None:
+                await self.dashboard.stop()
             for server in self.servers:
                 server.close()
             self.connections.stop_reading()

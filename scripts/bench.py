@@ -161,7 +161,7 @@ async def start_broker(*flags: str) -> tuple[asyncio.subprocess.Process, re.Matc
     ``flags`` added (gRPC off unless a flag turns it on): (process, the match of its ready line: broker, namesrv and
     metrics addresses)."""
     cmd = [sys.executable, "-m", "halfmq.broker.cli", "broker", "--bindAddress=127.0.0.1", "--listenPort=0",
-           "--namesrvListenPort=0", "--grpcListenPort=-1", f"--storePathRootDir={temp_store()}", *flags]
+           "--namesrvListenPort=0", "--grpcListenPort=-1", "--dashboardPort=-1", f"--storePathRootDir={temp_store()}", *flags]
     proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     try:
         while True:

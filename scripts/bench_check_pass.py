@@ -91,7 +91,7 @@ asyncio.run(main())
 
 async def measure(root: str, pending: int) -> float:
     broker = Broker(build_config({"bindAddress": "127.0.0.1", "listenPort": 0, "namesrvListenPort": -1,
-                                  "metricsPromExporterPort": -1, "grpcListenPort": -1, "storePathRootDir": root,
+                                  "metricsPromExporterPort": -1, "grpcListenPort": -1, "dashboardPort": -1, "storePathRootDir": root,
                                   "mapSize": 16 << 30,
                                   "transactionCheckInterval": 3_600_000, "transactionTimeOut": 3_600_000}))
     await broker.start()

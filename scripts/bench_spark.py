@@ -35,7 +35,7 @@ def start_broker(store: str) -> tuple[subprocess.Popen, str]:
     """The broker in its own process, started as `halfmq broker` is (its own GIL, uvloop), on free ports."""
     proc = subprocess.Popen([sys.executable, "-m", "halfmq.broker.cli", "broker", "--bindAddress=127.0.0.1",
                              "--listenPort=0", "--namesrvListenPort=0", "--metricsPromExporterPort=-1",
-                             "--grpcListenPort=-1", f"--storePathRootDir={store}", "--logLevel=WARNING"],
+                             "--grpcListenPort=-1", "--dashboardPort=-1", f"--storePathRootDir={store}", "--logLevel=WARNING"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in proc.stdout:
         match = READY.search(line)

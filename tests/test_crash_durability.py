@@ -15,7 +15,7 @@ READY = re.compile(rb"halfmq ready: broker (\S+) namesrv (\S+)")
 async def start_broker_process(store_dir) -> tuple[asyncio.subprocess.Process, str]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "halfmq.broker.cli", "broker", "--bindAddress=127.0.0.1", "--listenPort=0",
-        "--namesrvListenPort=0", "--metricsPromExporterPort=-1", "--grpcListenPort=-1",
+        "--namesrvListenPort=0", "--metricsPromExporterPort=-1", "--grpcListenPort=-1", "--dashboardPort=-1",
         f"--storePathRootDir={store_dir}", "--mapSize=268435456",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     seen = b""

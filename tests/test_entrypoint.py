@@ -21,7 +21,7 @@ async def test_console_script_with_conf_and_environment(tmp_path):
     shutil.copy(ROOT / "conf" / "broker.conf", etc / "broker.conf")
     env = {**os.environ, "HALFMQ_storePathRootDir": str(tmp_path / "store"), "HALFMQ_bindAddress": "127.0.0.1",
            "HALFMQ_listenPort": "0", "HALFMQ_namesrvListenPort": "0", "HALFMQ_metricsPromExporterPort": "0",
-           "HALFMQ_brokerIP1": "127.0.0.1", "HALFMQ_grpcListenPort": "0"}
+           "HALFMQ_brokerIP1": "127.0.0.1", "HALFMQ_grpcListenPort": "0", "HALFMQ_dashboardPort": "0"}
     halfmq = Path(sys.executable).with_name("halfmq")
     proc = await asyncio.create_subprocess_exec(str(halfmq), "broker", "-c", str(etc / "broker.conf"), env=env,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
@@ -82,7 +82,7 @@ async def test_the_broker_as_pid_1_opens_its_store(tmp_path):
     proc = await asyncio.create_subprocess_exec(
         "unshare", "--pid", "--fork", "--kill-child", sys.executable, "-m", "halfmq.broker.cli", "broker",
         "--bindAddress=127.0.0.1", "--listenPort=0", "--namesrvListenPort=0", "--metricsPromExporterPort=-1",
-        "--grpcListenPort=-1", f"--storePathRootDir={tmp_path / 'store'}", "--mapSize=67108864",
+        "--grpcListenPort=-1", "--dashboardPort=-1", f"--storePathRootDir={tmp_path / 'store'}", "--mapSize=67108864",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     output = b""
     try:

@@ -182,13 +182,13 @@ REWRITES = (
 )
 #: Applied to broker start-ups only: free loopback ports and a temp store whatever the flags say.
 BROKER_REWRITES = (
-    (r"--(listenPort|namesrvListenPort|metricsPromExporterPort)=\d+", r"--\1=0", "any free port"),
+    (r"--(listenPort|namesrvListenPort|metricsPromExporterPort|dashboardPort)=\d+", r"--\1=0", "any free port"),
     (r"--bindAddress=\S+", "--bindAddress=127.0.0.1", "loopback only"),
     (r"--storePathRootDir=\S+", "--storePathRootDir={tmp}/store", "a temp store"),
 )
 BROKER_ENV = {"HALFMQ_bindAddress": "127.0.0.1", "HALFMQ_listenPort": "0", "HALFMQ_namesrvListenPort": "0",
               "HALFMQ_metricsPromExporterPort": "0", "HALFMQ_storePathRootDir": "{tmp}/store",
-              "HALFMQ_grpcListenPort": "0"}
+              "HALFMQ_grpcListenPort": "0", "HALFMQ_dashboardPort": "0"}
 
 
 def rewrite(command: str, rules, **values: str) -> str:

@@ -70,7 +70,9 @@ class InspectProcessor:
                  "checkBacksTakenBack": str(check.checks_taken_back),
                  "halfMessagesDiscarded": str(check.discarded),
                  "lastCheckPassMillis": f"{check.last_pass_seconds * 1000:.2f}", "heldPulls": str(ctx.long_poll.count()),
-                 "topics": str(len(ctx.topics.topics)), "flushDiskType": ctx.config.flushDiskType}
+                 "topics": str(len(ctx.topics.topics)), "flushDiskType": ctx.config.flushDiskType,
+                 "messagesPutTotal": str(ctx.metrics.messages_in_total if ctx.metrics else 0),
+                 "messagesGotTotal": str(ctx.metrics.messages_out_total if ctx.metrics else 0)}
         lifecycle = ctx.retention.status()
         table.update({"storeDataBytes": str(lifecycle.used_bytes), "storeFileBytes": str(lifecycle.file_bytes),
                       "storeLimitBytes": str(lifecycle.limit_bytes), "storeUseRatio": f"{lifecycle.use_ratio:.4f}",

@@ -142,7 +142,7 @@ async def with_broker(run) -> dict:
     with tempfile.TemporaryDirectory(prefix="halfmq-committed-") as store:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "halfmq.broker.cli", "broker", "--bindAddress=127.0.0.1", "--listenPort=0",
-            "--namesrvListenPort=0", "--grpcListenPort=-1", "--metricsPromExporterPort=-1",
+            "--namesrvListenPort=0", "--grpcListenPort=-1", "--dashboardPort=-1", "--metricsPromExporterPort=-1",
             f"--storePathRootDir={store}", "--transactionTimeOut=300", "--transactionCheckInterval=300",
             "--logLevel=WARNING", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
         try:

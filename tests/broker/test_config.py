@@ -79,7 +79,8 @@ def test_cli_refuses_unknown_key_naming_it():
 def test_cli_starts_logs_effective_config_and_stops_on_sigterm(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "halfmq.broker.cli", "broker", "--bindAddress=127.0.0.1",
                              "--listenPort=0", "--namesrvListenPort=0", f"--storePathRootDir={tmp_path}",
-                             "--mapSize=67108864", "--metricsPromExporterPort=0", "--grpcListenPort=-1"],
+                             "--mapSize=67108864", "--metricsPromExporterPort=0", "--grpcListenPort=-1",
+                             "--dashboardPort=0"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         seen = []
@@ -122,7 +123,7 @@ def test_cli_refuses_wrong_case_environment_key():
     assert "did you mean 'transactionTimeOut'?" in result.stderr
 
 
-@pytest.mark.parametrize("setting", ["listenPort", "namesrvListenPort", "metricsPromExporterPort"])
+@pytest.mark.parametrize("setting", ["listenPort", "namesrvListenPort", "metricsPromExporterPort", "dashboardPort"])
 def test_cli_port_in_use_is_one_clear_line(tmp_path, setting):
     """A port in use: exit 1 with one line naming the setting and the port; everything started is stopped (no
     asyncio noise, no writer process left holding the store: the store opens again at once)."""
@@ -133,7 +134,7 @@ def test_cli_port_in_use_is_one_clear_line(tmp_path, setting):
         taken.listen()
         port = taken.getsockname()[1]
         flags = {"listenPort": 0, "namesrvListenPort": 0, "metricsPromExporterPort": 0, "grpcListenPort": -1,
-                 setting: port}
+                 "dashboardPort": 0, setting: port}
         result = run_cli("broker", "--bindAddress=127.0.0.1", f"--storePathRootDir={tmp_path}", "--mapSize=67108864",
                          *(f"--{key}={value}" for key, value in flags.items()))
     assert result.returncode == 1, result

@@ -24,7 +24,7 @@ async def test_a_second_broker_on_a_store_in_use_refuses_to_start(broker_factory
     # As a user starts it: a refused start naming the folder and the holder, no traceback; the first still works.
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "halfmq.broker.cli", "broker", "--bindAddress=127.0.0.1", "--listenPort=0",
-        "--namesrvListenPort=-1", "--metricsPromExporterPort=-1", "--grpcListenPort=-1",
+        "--namesrvListenPort=-1", "--metricsPromExporterPort=-1", "--grpcListenPort=-1", "--dashboardPort=-1",
         f"--storePathRootDir={tmp_path / 'store'}",
         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), 60)

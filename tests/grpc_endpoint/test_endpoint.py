@@ -144,7 +144,7 @@ sys.exit(main(sys.argv[1:]))
 
 def test_without_the_grpc_extra_the_broker_serves_remoting_and_says_why(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", WITHOUT_GRPC, "broker", "--bindAddress=127.0.0.1", "--listenPort=0",
-                             "--namesrvListenPort=-1", "--metricsPromExporterPort=-1", "--grpcListenPort=0",
+                             "--namesrvListenPort=-1", "--metricsPromExporterPort=-1", "--grpcListenPort=0", "--dashboardPort=-1",
                              f"--storePathRootDir={tmp_path / 'store'}"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

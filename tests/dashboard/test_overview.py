@@ -1,0 +1,71 @@
+"""The overview page and the dashboard's common rules (sessions, CSRF, sign-in with ACL) against a real broker."""
+from __future__ import annotations
+
+import asyncio
+
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions as EC
+from selenium.webdriver.support.ui import WebDriverWait
+
+from halfmq.client import Message, Producer
+
+
+async def test_overview_in_a_browser_shows_the_broker_and_its_traffic(dashboard, browser):
+    async with Producer("PG_OVERVIEW", dashboard.namesrv) as producer:
+        await producer.send(Message("Seen", b"x"))
+    await asyncio.to_thread(browser.get, dashboard.url + "/")
+    rows = await asyncio.to_thread(browser.find_elements, By.CSS_SELECTOR, "#brokers tbody tr")
+    assert [r.get_attribute("data-broker") for r in rows] == ["broker-a"]
+    assert "up" in rows[0].text and dashboard.broker.addr.split(":")[1] in rows[0].text
+    namesrvs = await asyncio.to_thread(browser.find_element, By.ID, "namesrvs")
+    assert "up" in namesrvs.text
+    # The charts are drawn by uPlot from the JSON API, in the page.
+    await asyncio.to_thread(WebDriverWait(browser, 10).until, EC.presence_of_element_located(
+        (By.CSS_SELECTOR, ".chart .uplot")))
+
+
+async def test_api_overview_and_config_mask_secrets(dashboard_factory, http_factory):
+    dash = await dashboard_factory(namesrvSecretKey="top-secret-1")
+    http = http_factory(dash.url)
+    status, data = await http.get_json("/api/overview")
+    assert status == 200 and [b["name"] for b in data["brokers"]] == ["broker-a"] and data["brokers"][0]["up"]
+    status, data = await http.get_json("/api/config")
+    config = data["brokers"][0]["config"]
+    assert config["namesrvSecretKey"] == "••••••" and config["listenPort"] == "0"
+    status, text = await http.page("/config")
+    assert status == 200 and "top-secret-1" not in text
+
+
+async def test_a_state_change_without_the_csrf_token_is_refused(dashboard, http_factory):
+    http = http_factory(dashboard.url)
+    await http.page("/")
+    status, _body, _ = await http.post("/logout", csrf=False)
+    assert status == 403
+    other = http_factory(dashboard.url)
+    await other.page("/")
+    status, _body, _ = await http.post("/logout", {"csrf": other.csrf}, csrf=False)  # another session's token
+    assert status == 403
+
+
+async def test_with_acl_only_admin_accounts_sign_in(dashboard_factory, http_factory, tmp_path):
+    acl = tmp_path / "plain_acl.yml"
+    acl.write_text("accounts:\n  - accessKey: ops\n    secretKey: ops-secret-1\n    admin: true\n"
+                   "  - accessKey: app\n    secretKey: app-secret-1\n    defaultTopicPerm: PUB|SUB\n")
+    dash = await dashboard_factory(aclEnable=True, aclConfigFile=str(acl), dashboardBindAddress="127.0.0.1")
+    http = http_factory(dash.url)
+    status, _text = await http.page("/")
+    assert status == 302
+    status, data = await http.get_json("/api/overview")
+    assert status == 401
+    await http.page("/login")
+    for key, secret, want in (("app", "app-secret-1", 403), ("ops", "wrong-secret", 403)):
+        status, text, _ = await http.post("/login", {"accessKey": key, "secretKey": secret})
+        assert status == want and "not an admin account" in text
+    before = http.csrf
+    status, _text, location = await http.post("/login", {"accessKey": "ops", "secretKey": "ops-secret-1",
+                                                          "next": "//evil.example/"})
+    assert status == 302 and location == "/"  # never off this server
+    status, data = await http.get_json("/api/overview")
+    assert status == 200 and data["brokers"][0]["up"]
+    status, text = await http.page("/")
+    assert status == 200 and "ops" in text and http.csrf != before  # a new session after sign-in
