@@ -234,7 +234,7 @@ RULES: dict[int, Rule] = {rule.code: rule for rule in (
 #: Codes that name no topic or group a client could be refused: route, cluster and topic-list queries (what the
 #: name server tells anyone) and CHECK_CLIENT_CONFIG. They need a valid signature and nothing else.
 SIGNATURE_ONLY = frozenset({C.GET_ROUTEINFO_BY_TOPIC, C.GET_BROKER_CLUSTER_INFO, C.GET_ALL_TOPIC_LIST_FROM_NAMESERVER,
-                            C.CHECK_CLIENT_CONFIG})
+                            C.GET_TOPICS_BY_CLUSTER, C.CHECK_CLIENT_CONFIG})
 del C
 
 
@@ -252,6 +252,8 @@ def rules_markdown() -> str:
     lines.append(f"| admin | {admin} | an admin account (ACL off: a loopback client) | |")
     plain = ", ".join(f"{c.name} ({int(c)})" for c in sorted(SIGNATURE_ONLY))
     lines.append(f"| other | {plain} | a valid signature only | they name no resource |")
+    joins = ", ".join(f"{c.name} ({int(c)})" for c in sorted(BROKER_REGISTRATION_CODES))
+    lines.append(f"| registration | {joins} | an admin account (ACL off: anyone) | served by `halfmq namesrv` only |")
     return "\n".join(lines)
 
 
