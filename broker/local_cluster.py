@@ -9,7 +9,7 @@ member's output goes to ``DIR/logs/<member>.log``; once every member printed its
 every address::
 
     halfmq cluster ready: namesrvAddr 127.0.0.1:9876;127.0.0.1:9877 broker-0 127.0.0.1:10911 grpc 127.0.0.1:10912
-    metrics 127.0.0.1:10913 broker-1 ...
+    metrics 127.0.0.1:10913 dashboard 127.0.0.1:10914 broker-1 ...
 
 (one line). SIGINT, SIGTERM or SIGHUP stop the brokers (each unregisters from the name servers first), then the
 name servers, by the PIDs this process started. A member that fails to start, or exits while the cluster runs,
@@ -32,14 +32,15 @@ from pathlib import Path
 from .config import ConfigError, load_config, parse_flags
 
 NAMESRV_READY = re.compile(rb"halfmq namesrv ready: (\S+)")
-BROKER_READY = re.compile(rb"halfmq ready: broker (\S+) namesrv \S+ metrics (\S+) grpc (\S+)")
-#: Broker ports start this far apart: broker j listens on PORT + 10 j (remoting), + 1 (gRPC) and + 2 (metrics).
+BROKER_READY = re.compile(rb"halfmq ready: broker (\S+) namesrv \S+ metrics (\S+) grpc (\S+) dashboard (\S+)")
+#: Broker ports start this far apart: broker j listens on PORT + 10 j (remoting), + 1 (gRPC), + 2 (metrics) and
+#: + 3 (dashboard).
 BROKER_PORT_STRIDE = 10
 #: Broker keys the cluster sets for each broker, and the option that sets them instead of a broker flag.
 MANAGED_KEYS = {"storePathRootDir": "--dir", "brokerName": "(broker-0, broker-1, ...)",
                 "brokerClusterName": "--cluster-name", "namesrvAddr": "(its own name servers)",
                 "bindAddress": "--host", "listenPort": "--broker-port", "grpcListenPort": "--broker-port",
-                "metricsPromExporterPort": "--broker-port"}
+                "metricsPromExporterPort": "--broker-port", "dashboardPort": "--broker-port"}
 TAIL_LINES = 20
 PR_SET_PDEATHSIG = 1
 
@@ -56,7 +57,7 @@ class Plan:
     root: Path
     host: str
     namesrv_ports: list[int]
-    broker_ports: list[tuple[int, int, int]]  #: per broker: remoting, gRPC, metrics (0 = any free port)
+    broker_ports: list[tuple[int, int, int, int]]  #: per broker: remoting, gRPC, metrics, dashboard (0 = any free)
     cluster_name: str
     broker_args: list[str]  #: passed to every broker before the cluster's own flags (which win)
     start_timeout: float
@@ -64,15 +65,15 @@ class Plan:
 
 
 def plan_ports(namesrvs: int, brokers: int, namesrv_port: int, broker_port: int
-               ) -> tuple[list[int], list[tuple[int, int, int]]]:
-    """Name server i on ``namesrv_port + i``; broker j on ``broker_port + 10 j`` (+ 1 gRPC, + 2 metrics); a base of
-    0 makes each of those ports any free one.
+               ) -> tuple[list[int], list[tuple[int, int, int, int]]]:
+    """Name server i on ``namesrv_port + i``; broker j on ``broker_port + 10 j`` (+ 1 gRPC, + 2 metrics,
+    + 3 dashboard); a base of 0 makes each of those ports any free one.
 
     Raises:
         ValueError: a port would be above 65535, or the two ranges overlap.
     """
     ns = [namesrv_port + i if namesrv_port else 0 for i in range(namesrvs)]
-    br = [tuple(broker_port + BROKER_PORT_STRIDE * j + k if broker_port else 0 for k in range(3))
+    br = [tuple(broker_port + BROKER_PORT_STRIDE * j + k if broker_port else 0 for k in range(4))
           for j in range(brokers)]
     if max(ns) > 65535:
         raise ValueError(f"--namesrv-port {namesrv_port}: name server {namesrvs - 1} would listen on {max(ns)}, "
@@ -85,7 +86,7 @@ def plan_ports(namesrvs: int, brokers: int, namesrv_port: int, broker_port: int
         taken = set(ns) & {port for ports in br for port in ports}
         if taken:
             raise ValueError(f"--namesrv-port and --broker-port overlap: port {min(taken)} would be used twice "
-                             f"(brokers take {BROKER_PORT_STRIDE} ports apart, 3 each)")
+                             f"(brokers take {BROKER_PORT_STRIDE} ports apart, 4 each)")
     return ns, br
 
 
@@ -113,7 +114,7 @@ def parse_args(argv: list[str]) -> Plan:
                         help="name server i listens on this + i; 0 = any free ports (default: %(default)s)")
     parser.add_argument("--broker-port", type=int, default=10911,
                         help=f"broker j listens on this + {BROKER_PORT_STRIDE} j, its gRPC endpoint on + 1, its "
-                             f"metrics on + 2; 0 = any free ports (default: %(default)s)")
+                             f"metrics on + 2, its dashboard on + 3; 0 = any free ports (default: %(default)s)")
     parser.add_argument("--cluster-name", default="DefaultCluster", help="brokerClusterName (default: %(default)s)")
     parser.add_argument("--start-timeout", type=float, default=120.0,
                         help="seconds each member has to print its ready line (default: %(default)s)")
@@ -275,18 +276,19 @@ class LocalCluster:
         self._logs.mkdir(parents=True, exist_ok=True)
         ready = await _all_ready([m.start(plan.start_timeout) for m in self.namesrvs])
         self.namesrv_addr = ";".join(match.group(1).decode() for match in ready)
-        for j, (port, grpc_port, metrics_port) in enumerate(plan.broker_ports):
+        for j, (port, grpc_port, metrics_port, dashboard_port) in enumerate(plan.broker_ports):
             name = f"broker-{j}"
             # The plan's flags come after the user's: the cluster's keys win over a -c file's or a repeated flag.
             self.brokers.append(Member(name, [
                 *self._cli, "broker", *plan.broker_args, f"--storePathRootDir={plan.root / name}",
                 f"--brokerName={name}", f"--brokerClusterName={plan.cluster_name}",
                 f"--namesrvAddr={self.namesrv_addr}", f"--bindAddress={plan.host}", f"--listenPort={port}",
-                f"--grpcListenPort={grpc_port}", f"--metricsPromExporterPort={metrics_port}"],
+                f"--grpcListenPort={grpc_port}", f"--metricsPromExporterPort={metrics_port}",
+                f"--dashboardPort={dashboard_port}"],
                 self._logs / f"{name}.log", BROKER_READY))
         ready = await _all_ready([b.start(plan.start_timeout) for b in self.brokers])
-        brokers = " ".join(f"{b.name} {m.group(1).decode()} grpc {m.group(3).decode()} metrics {m.group(2).decode()}"
-                           for b, m in zip(self.brokers, ready, strict=True))
+        brokers = " ".join(f"{b.name} {m.group(1).decode()} grpc {m.group(3).decode()} metrics {m.group(2).decode()} "
+                           f"dashboard {m.group(4).decode()}" for b, m in zip(self.brokers, ready, strict=True))
         return f"halfmq cluster ready: namesrvAddr {self.namesrv_addr} {brokers}"
 
     async def first_exit(self) -> Member:

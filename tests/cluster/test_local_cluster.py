@@ -19,7 +19,7 @@ from halfmq.client import Message, Producer
 from halfmq.client.admin import Admin
 
 READY = re.compile(r"halfmq cluster ready: namesrvAddr (\S+) (.*)")
-BROKER = re.compile(r"(broker-\d+) (\S+) grpc (\S+) metrics (\S+)")
+BROKER = re.compile(r"(broker-\d+) (\S+) grpc (\S+) metrics (\S+) dashboard (\S+)")
 START_TIMEOUT = 180  # five Python processes importing at once on a loaded 2-core machine
 STOP_TIMEOUT = 90
 
@@ -32,7 +32,7 @@ class ClusterCommand:
         self.proc: asyncio.subprocess.Process | None = None
         self.out: list[str] = []
         self.namesrv_addr = ""
-        self.brokers: dict[str, tuple[str, str, str]] = {}  #: name → (address, gRPC, metrics)
+        self.brokers: dict[str, tuple[str, str, str, str]] = {}  #: name → (address, gRPC, metrics, dashboard)
 
     async def start(self) -> "ClusterCommand":
         self.proc = await asyncio.create_subprocess_exec(*self.args, stdout=asyncio.subprocess.PIPE,
@@ -145,7 +145,7 @@ async def test_one_command_starts_a_cluster_that_spreads_sends_and_sigterm_stops
             assert os.getsid(pid) == pid
         assert sorted(cluster.brokers) == ["broker-0", "broker-1", "broker-2"]
         ports = [addr.rsplit(":", 1)[1] for addrs in cluster.brokers.values() for addr in addrs]
-        assert len(set(ports)) == 9, cluster.brokers
+        assert len(set(ports)) == 12, cluster.brokers
         namesrvs = cluster.namesrv_addr.split(";")
         assert len(namesrvs) == 2
         for namesrv in namesrvs:
@@ -159,10 +159,11 @@ async def test_one_command_starts_a_cluster_that_spreads_sends_and_sigterm_stops
             for i in range(60):
                 landed[(await producer.send(Message("LocalCluster", b"%d" % i))).queue.broker_name] += 1
         assert set(landed) == {"broker-0", "broker-1", "broker-2"}, landed
-        for name, (_, grpc, metrics) in cluster.brokers.items():
+        for name, (_, grpc, metrics, dashboard) in cluster.brokers.items():
             with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10) as answer:
                 assert b"rocketmq_" in answer.read()
-            assert not refused(int(grpc.rsplit(":", 1)[1])), f"{name}'s gRPC port does not answer"
+            for what, addr in (("gRPC", grpc), ("dashboard", dashboard)):
+                assert not refused(int(addr.rsplit(":", 1)[1])), f"{name}'s {what} port does not answer"
             assert (tmp_path / name).is_dir() and any((tmp_path / name).iterdir()), f"{name} has no store"
         cluster.proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(cluster.proc.wait(), STOP_TIMEOUT) == 0, await cluster.stderr()
@@ -229,9 +230,9 @@ async def test_sigint_while_starting_stops_what_started(tmp_path, clusters):
     (["--brokers=0"], "--namesrvs and --brokers must be at least 1"),
     (["--host=0.0.0.0"], "not every interface"),
     (["--host=localhost"], "is not an IPv4 address"),
-    (["--brokers=1", "--broker-port=65534"], "broker-0 would listen on up to 65536, above 65535"),
+    (["--brokers=1", "--broker-port=65533"], "broker-0 would listen on up to 65536, above 65535"),
     (["--namesrvs=3", "--namesrv-port=65534"], "name server 2 would listen on 65536, above 65535"),
-    (["--broker-port=65530", "--brokers=2"], "broker-1 would listen on up to 65542, above 65535"),
+    (["--broker-port=65530", "--brokers=2"], "broker-1 would listen on up to 65543, above 65535"),
     (["--namesrvs=3", "--namesrv-port=10920", "--broker-port=10911", "--brokers=2"],
      "--namesrv-port and --broker-port overlap: port 10921"),
     (["--", "--listenPort=10"], "--listenPort after --: the cluster sets it for each broker (--broker-port)"),
@@ -249,5 +250,5 @@ def test_bad_command_lines_are_refused_before_anything_starts(args, message, cap
 
 def test_ports_are_laid_out_from_the_two_bases():
     assert local_cluster.plan_ports(2, 2, 9876, 10911) == (
-        [9876, 9877], [(10911, 10912, 10913), (10921, 10922, 10923)])
-    assert local_cluster.plan_ports(1, 2, 0, 0) == ([0], [(0, 0, 0), (0, 0, 0)])
+        [9876, 9877], [(10911, 10912, 10913, 10914), (10921, 10922, 10923, 10924)])
+    assert local_cluster.plan_ports(1, 2, 0, 0) == ([0], [(0, 0, 0, 0), (0, 0, 0, 0)])
