@@ -13,17 +13,19 @@ and the tables that span brokers list each row's broker.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NamedTuple, TypeVar
 
-from halfmq.protocol.codes import RequestCode, ResponseCode, language_name, version_name
+from halfmq.protocol.codes import PullSysFlag, RequestCode, ResponseCode, language_name, version_name
 from halfmq.protocol.errors import MessageFormatError
 from halfmq.protocol.headers import (ConnectionListRequestHeader, ConsumeStatsRequestHeader, CreateTopicRequestHeader,
                                      DeleteSubscriptionGroupRequestHeader, DeleteTopicFromNamesrvRequestHeader,
-                                     HalfStatusRequestHeader, QueryMessageRequestHeader, QueueRequestHeader,
-                                     ResumeCheckHalfMessageRequestHeader, TopicRequestHeader, ViewMessageRequestHeader)
+                                     HalfStatusRequestHeader, PullMessageRequestHeader, QueryMessageRequestHeader,
+                                     QueueRequestHeader, ResumeCheckHalfMessageRequestHeader, SearchOffsetRequestHeader,
+                                     TopicRequestHeader, TopicStatsRequestHeader, ViewMessageRequestHeader)
 from halfmq.protocol.message import decode_offset_msg_id, decode_records
 
 from .errors import AddressError, BrokerError, ClientError, ConnectionClosedError, RequestTimeoutError, error_for
@@ -31,6 +33,8 @@ from .message import MessageExt
 from .remoting import ConnectionPool, Credentials, parse_address
 
 T = TypeVar("T")
+#: the group an admin's reads of a queue pull as (RocketMQ's tools use it too); they commit no offset
+BROWSE_GROUP = "TOOLS_CONSUMER"
 
 
 class Broker(NamedTuple):
@@ -73,6 +77,13 @@ class Admin:
 
     async def close(self) -> None:
         await self.pool.close()
+
+    def scoped(self, broker: str | None = None, cluster: str | None = None) -> "Admin":
+        """This client with its broker requests aimed at ``broker`` (name or address) or ``cluster`` instead (see
+        ``brokers``), sharing its connections and credentials: close this one, not the copy."""
+        other = copy.copy(self)
+        other.broker, other.cluster, other._one = broker, cluster, None
+        return other
 
     async def __aenter__(self) -> "Admin":
         return self
@@ -199,6 +210,24 @@ class Admin:
             raise absences[0]
         return done
 
+    async def on_each_answering(self, brokers: list[Broker], request: Callable[[Broker], Awaitable[T]],
+                                absent: int | None = None
+                                ) -> tuple[list[tuple[Broker, T]], list[tuple[Broker, ClientError]]]:
+        """As ``on_each``, for reads that can show what the other brokers answered: the brokers that failed are
+        returned with their errors ((answers, failures)) instead of failing the whole."""
+        outcomes = await asyncio.gather(*(request(b) for b in brokers), return_exceptions=True)
+        done, failed = [], []
+        for broker, outcome in zip(brokers, outcomes, strict=True):
+            if isinstance(outcome, BrokerError) and absent is not None and outcome.code == absent:
+                continue
+            if isinstance(outcome, ClientError):
+                failed.append((broker, outcome))
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            else:
+                done.append((broker, outcome))
+        return done, failed
+
     # --- cluster and topics ---
     async def cluster_list(self) -> list[dict]:
         info = await self.cluster_info()
@@ -237,6 +266,55 @@ class Admin:
                 rows.append({"brokerName": broker.name, "queueId": q, "minOffset": int(low), "maxOffset": int(high)})
             return rows
         return [row for _broker, rows in await self.on_each(holders, offsets) for row in rows]
+
+    async def topic_stats_page(self, limit: int, after: str | None = None, contains: str | None = None,
+                               kinds: str | None = None) -> dict:
+        """One page of the topics of every broker ``brokers`` names, in name order (HALFMQ_GET_TOPIC_STATS):
+        ``topics`` (each ``topic``, ``kind`` and ``brokers``: every holder's row, its ``brokerName`` added),
+        ``totals`` (broker name → its topics matching), ``errors`` (broker name → why it did not answer) and
+        ``next`` (the ``after`` of the next page; None after the last).
+
+        Each broker answers its first ``limit`` names after ``after``: the first ``limit`` names of their union are
+        among those, each with every holder's row, so a page never misses a name nor a broker's share of one."""
+        ext = TopicStatsRequestHeader(limit=limit, after=after, contains=contains or None, kinds=kinds).to_ext()
+        done, failed = await self.on_each_answering(
+            await self.brokers(), lambda b: self.json_call(b.addr, RequestCode.HALFMQ_GET_TOPIC_STATS, ext))
+        if failed and not done:
+            raise failed[0][1]
+        rows: dict[str, list[dict]] = {}
+        for broker, data in done:
+            for row in data["topics"]:
+                rows.setdefault(row["topic"], []).append({**row, "brokerName": broker.name})
+        names = sorted(rows)[:limit]
+        more = len(rows) > limit or any(data["next"] is not None for _b, data in done)
+        return {"topics": [{"topic": n, "kind": rows[n][0]["kind"], "brokers": rows[n]} for n in names],
+                "totals": {b.name: data["total"] for b, data in done},
+                "errors": {b.name: str(exc) for b, exc in failed}, "next": names[-1] if more and names else None}
+
+    async def topic_stats(self, topic: str) -> tuple[list[dict], dict[str, str]]:
+        """The topic on every broker ``brokers`` names that holds it: (its row there, with ``brokerName``,
+        ``brokerAddr`` and each queue's last store time; broker name → why it did not answer).
+
+        Raises:
+            TopicNotExistError: every broker answered, and none holds it.
+        """
+        ext = TopicStatsRequestHeader(topic=topic).to_ext()
+        done, failed = await self.on_each_answering(
+            await self.brokers(), lambda b: self.json_call(b.addr, RequestCode.HALFMQ_GET_TOPIC_STATS, ext),
+            absent=ResponseCode.TOPIC_NOT_EXIST)
+        if not done and not failed:
+            raise error_for(ResponseCode.TOPIC_NOT_EXIST, f"no broker holds topic {topic}")
+        if failed and not done:
+            raise failed[0][1]
+        return ([{**data["topics"][0], "brokerName": b.name, "brokerAddr": b.addr} for b, data in done],
+                {b.name: str(exc) for b, exc in failed})
+
+    async def topic_consumers(self, topic: str, addr: str | None = None) -> list[str]:
+        """The groups one broker (``addr``, else ``broker_addr``) knows consume ``topic``: a consumer offset in it
+        or a consumer online subscribed to it (QUERY_TOPIC_CONSUME_BY_WHO)."""
+        data = await self.json_call(addr or await self.broker_addr(), RequestCode.QUERY_TOPIC_CONSUME_BY_WHO,
+                                    TopicRequestHeader(topic=topic).to_ext())
+        return list(data["groupList"])
 
     async def update_topic(self, topic: str, read_queues: int = 8, write_queues: int = 8, perm: int = 6,
                            attributes: str | None = None) -> None:
@@ -346,6 +424,42 @@ class Admin:
         resp = await self.call(addr or await self.broker_addr(), RequestCode.QUERY_MESSAGE, header.to_ext())
         return decode_records(resp.body)
 
+    async def read_queue(self, addr: str, topic: str, queue_id: int, offset: int, count: int
+                         ) -> tuple[list[MessageExt], int, int]:
+        """Up to ``count`` messages of one queue of the broker at ``addr``, from ``offset`` on (from the queue's
+        first kept message when ``offset`` is below it), and the queue's min and max offset: pulls as BROWSE_GROUP
+        that commit no offset and are never held."""
+        messages: list[MessageExt] = []
+        low = high = 0
+        conn = await self.pool.get(addr)
+        for _attempt in range(count):  # a pull answers at least one message or moves the offset: bounded
+            ext = PullMessageRequestHeader(
+                consumerGroup=BROWSE_GROUP, topic=topic, queueId=queue_id, queueOffset=offset,
+                maxMsgNums=count - len(messages), sysFlag=PullSysFlag.SUBSCRIPTION, commitOffset=0,
+                suspendTimeoutMillis=0, subVersion=0, subscription="*", expressionType="TAG").to_ext()
+            resp = await conn.request(RequestCode.PULL_MESSAGE, ext, b"", self.timeout)
+            if resp.code not in (ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND, ResponseCode.PULL_RETRY_IMMEDIATELY,
+                                 ResponseCode.PULL_OFFSET_MOVED):
+                raise error_for(resp.code, resp.remark)
+            low, high = int(resp.ext_fields["minOffset"]), int(resp.ext_fields["maxOffset"])
+            next_offset = int(resp.ext_fields["nextBeginOffset"])
+            if resp.code == ResponseCode.SUCCESS:
+                messages.extend(decode_records(resp.body))
+            elif resp.code == ResponseCode.PULL_NOT_FOUND or next_offset == offset or offset > high:
+                break  # at the end (an offset past it is moved to the end: nothing to read there either)
+            offset = next_offset
+            if len(messages) >= count or offset >= high:
+                break
+        return messages, low, high
+
+    async def search_offset(self, addr: str, topic: str, queue_id: int, timestamp_ms: int,
+                            boundary: str = "lower") -> int:
+        """SEARCH_OFFSET_BY_TIMESTAMP on the broker at ``addr``: ``lower``, the first offset stored at or after
+        ``timestamp_ms`` (the max offset if none); ``upper``, the last stored at or before it."""
+        ext = SearchOffsetRequestHeader(topic=topic, queueId=queue_id, timestamp=timestamp_ms,
+                                        boundaryType=boundary).to_ext()
+        return int((await self.call(addr, RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, ext)).ext_fields["offset"])
+
     async def is_offset_msg_id(self, msg_id: str) -> bool:
         """Does ``msg_id`` name a stored record of a broker the name server knows (the offsetMsgId form)?"""
         try:
@@ -397,6 +511,36 @@ class Admin:
         """Every transaction record the broker keeps, in store order, as the pages the broker answers
         (``page_size`` rows a request; default and most: the broker's page)."""
         return self._pages(RequestCode.HALFMQ_GET_TRANSACTION_RECORDS, "records", page_size, addr)
+
+    async def half_status_page(self, addr: str, order: str | None = None, after: str | None = None,
+                               limit: int | None = None) -> dict:
+        """One page of one broker's pending halves (HALFMQ_GET_HALF_STATUS): ``halves`` (rows), ``pending`` (how
+        many the broker holds), ``next`` (the ``after`` of the next page, None after the last). ``order``: "due"
+        (the default: next check soonest first), "store" (oldest first), "-due" or "-store" (reversed)."""
+        header = HalfStatusRequestHeader(limit=limit, after=after, order=order)
+        return await self.json_call(addr, RequestCode.HALFMQ_GET_HALF_STATUS, header.to_ext())
+
+    async def transaction_records_page(self, addr: str, state: str | None = None, order: str | None = None,
+                                       after: str | None = None, limit: int | None = None) -> dict:
+        """One page of one broker's transaction records (HALFMQ_GET_TRANSACTION_RECORDS), of ``state`` alone if
+        given: ``records`` and ``next``. ``order``: "store" (the default: oldest first) or "-store". A page of one
+        state can hold fewer rows than asked for and still have a ``next``: the broker passes over a bounded
+        number of other rows per request."""
+        header = HalfStatusRequestHeader(limit=limit, after=after, order=order, state=state)
+        return await self.json_call(addr, RequestCode.HALFMQ_GET_TRANSACTION_RECORDS, header.to_ext())
+
+    async def half_record(self, offset_msg_id: str) -> tuple[str, dict] | None:
+        """(broker address, transaction record) of the half an offsetMsgId names, on the broker it names; None
+        when that broker keeps no half at that offset.
+
+        Raises:
+            MessageFormatError: not an offsetMsgId.
+        """
+        _host, offset = decode_offset_msg_id(offset_msg_id)
+        addr = await self._holder(offset_msg_id)
+        page = await self.transaction_records_page(addr, after=str(offset - 1) if offset else None, limit=1)
+        rows = [row for row in page["records"] if row["offset"] == offset]
+        return (addr, rows[0]) if rows else None
 
     async def resume_half(self, offset_msg_id: str) -> None:
         """Check a discarded half again, on the broker its offsetMsgId names.

@@ -44,9 +44,12 @@ class RequestCode(IntEnum):
     UPDATE_AND_CREATE_SUBSCRIPTIONGROUP = 200
     DELETE_SUBSCRIPTIONGROUP = 207
     DELETE_EXPIRED_COMMITLOG = 329
+    QUERY_TOPIC_CONSUME_BY_WHO = 300
     #: halfmq's own admin codes (RocketMQ has none for these), far from RocketMQ's range.
     HALFMQ_GET_HALF_STATUS = 20001
     HALFMQ_GET_TRANSACTION_RECORDS = 20002
+    #: one page of a broker's topics with their queues' offsets (the dashboard's topic list and topic page)
+    HALFMQ_GET_TOPIC_STATS = 20003
 
 
 #: Codes that read or change broker state for operators: served only to admin peers (see broker/acl).
@@ -56,7 +59,8 @@ ADMIN_REQUEST_CODES = frozenset({
     RequestCode.GET_PRODUCER_CONNECTION_LIST, RequestCode.GET_CONSUME_STATS, RequestCode.RESUME_CHECK_HALF_MESSAGE,
     RequestCode.HALFMQ_GET_HALF_STATUS, RequestCode.HALFMQ_GET_TRANSACTION_RECORDS,
     RequestCode.GET_BROKER_CONFIG, RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
-    RequestCode.DELETE_SUBSCRIPTIONGROUP, RequestCode.DELETE_EXPIRED_COMMITLOG, RequestCode.DELETE_TOPIC_IN_NAMESRV})
+    RequestCode.DELETE_SUBSCRIPTIONGROUP, RequestCode.DELETE_EXPIRED_COMMITLOG, RequestCode.DELETE_TOPIC_IN_NAMESRV,
+    RequestCode.HALFMQ_GET_TOPIC_STATS, RequestCode.QUERY_TOPIC_CONSUME_BY_WHO})
 #: A broker's registration with a name server: an admin account's with ACL on, open with it off (as RocketMQ's).
 BROKER_REGISTRATION_CODES = frozenset({RequestCode.REGISTER_BROKER, RequestCode.UNREGISTER_BROKER})
 

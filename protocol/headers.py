@@ -371,6 +371,20 @@ class HalfStatusRequestHeader(Header):
 
 
 @dataclass(slots=True, kw_only=True)
+class TopicStatsRequestHeader(Header):
+    """HALFMQ_GET_TOPIC_STATS: one page of at most ``limit`` of the broker's topics in name order, after the name
+    ``after``, those whose name contains ``contains`` and whose kind is one of ``kinds`` (comma-separated NORMAL,
+    RETRY, DLQ, SYSTEM; absent: every kind); or, with ``topic``, that topic alone, with its queues' last store
+    times."""
+
+    limit: int | None = opt()
+    after: str | None = opt()
+    contains: str | None = opt()
+    kinds: str | None = opt()
+    topic: str | None = opt()
+
+
+@dataclass(slots=True, kw_only=True)
 class DeleteSubscriptionGroupRequestHeader(Header):
     """DELETE_SUBSCRIPTIONGROUP (207); UPDATE_AND_CREATE_SUBSCRIPTIONGROUP (200) carries the group in its JSON
     body (RocketMQ's SubscriptionGroupConfig)."""
