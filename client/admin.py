@@ -23,9 +23,10 @@ from halfmq.protocol.codes import PullSysFlag, RequestCode, ResponseCode, langua
 from halfmq.protocol.errors import MessageFormatError
 from halfmq.protocol.headers import (ConnectionListRequestHeader, ConsumeStatsRequestHeader, CreateTopicRequestHeader,
                                      DeleteSubscriptionGroupRequestHeader, DeleteTopicFromNamesrvRequestHeader,
-                                     HalfStatusRequestHeader, PullMessageRequestHeader, QueryMessageRequestHeader,
-                                     QueueRequestHeader, ResumeCheckHalfMessageRequestHeader, SearchOffsetRequestHeader,
-                                     TopicRequestHeader, TopicStatsRequestHeader, ViewMessageRequestHeader)
+                                     GroupListRequestHeader, HalfStatusRequestHeader, PullMessageRequestHeader,
+                                     QueryMessageRequestHeader, QueueRequestHeader, ResumeCheckHalfMessageRequestHeader,
+                                     SearchOffsetRequestHeader, TopicRequestHeader, TopicStatsRequestHeader,
+                                     UpdateConsumerOffsetRequestHeader, ViewMessageRequestHeader)
 from halfmq.protocol.message import decode_offset_msg_id, decode_records
 
 from .errors import AddressError, BrokerError, ClientError, ConnectionClosedError, RequestTimeoutError, error_for
@@ -380,6 +381,142 @@ class Admin:
         data = await self.json_call(await self.broker_addr(), RequestCode.GET_CONSUMER_CONNECTION_LIST,
                                     ConnectionListRequestHeader(consumerGroup=group).to_ext())
         return {**data, "connectionSet": self._named(data["connectionSet"])}
+
+    async def _group_page(self, code: int, limit: int, after: str | None, contains: str | None
+                          ) -> tuple[dict[str, list[tuple[Broker, dict]]], dict[str, int], dict[str, str], str | None]:
+        """One page of the groups of every broker ``brokers`` names (HALFMQ_GET_CONSUMER_GROUPS or
+        HALFMQ_GET_PRODUCER_GROUPS), in name order: (group → each holder's row, broker name → its groups
+        matching, broker name → why it did not answer, the ``after`` of the next page or None after the last).
+
+        Each broker answers its first names after ``after``: the first ``limit`` names of their union, up to the
+        last name of any broker that has more, are among those, each with every holder's row."""
+        ext = GroupListRequestHeader(limit=limit, after=after, contains=contains or None).to_ext()
+        done, failed = await self.on_each_answering(await self.brokers(),
+                                                    lambda b: self.json_call(b.addr, code, ext))
+        if failed and not done:
+            raise failed[0][1]
+        rows: dict[str, list[tuple[Broker, dict]]] = {}
+        for broker, data in done:
+            for row in data["groups"]:
+                rows.setdefault(row["group"], []).append((broker, row))
+        bound = min((data["next"] for _b, data in done if data["next"] is not None), default=None)
+        names = sorted(n for n in rows if bound is None or n <= bound)[:limit]
+        more = bound is not None or len(rows) > len(names)
+        return ({n: rows[n] for n in names}, {b.name: data["total"] for b, data in done},
+                {b.name: str(exc) for b, exc in failed}, names[-1] if more and names else None)
+
+    async def consumer_groups_page(self, limit: int, after: str | None = None, contains: str | None = None
+                                   ) -> dict:
+        """One page of the consumer groups of every broker ``brokers`` names, in name order: ``groups`` (each
+        ``group``; ``online``, the most remoting consumers online at one broker, as each consumer joins every broker
+        of its topics; ``lag``, every broker's summed; ``topics`` it reads; ``retryTopic`` and ``dlqTopic``, held
+        by some broker; ``brokers``, those that know it), ``totals``, ``errors`` and ``next`` (see _group_page)."""
+        rows, totals, errors, after = await self._group_page(RequestCode.HALFMQ_GET_CONSUMER_GROUPS, limit, after,
+                                                             contains)
+        groups = [{"group": name, "online": max(r["online"] for _b, r in held),
+                   "lag": sum(r["lag"] for _b, r in held),
+                   "topics": sorted({t for _b, r in held for t in r["topics"]}),
+                   "messageModel": next((r["messageModel"] for _b, r in held if r["messageModel"]), None),
+                   "retryTopic": any(r["retryTopic"] for _b, r in held),
+                   "dlqTopic": any(r["dlqTopic"] for _b, r in held), "brokers": [b.name for b, _r in held]}
+                  for name, held in rows.items()]
+        return {"groups": groups, "totals": totals, "errors": errors, "next": after}
+
+    async def producer_groups_page(self, limit: int, after: str | None = None, contains: str | None = None
+                                   ) -> dict:
+        """One page of the live producer groups of every broker ``brokers`` names, in name order: ``groups`` (each
+        ``group``, ``protocol`` (remoting or grpc; a gRPC group is its ``topic``'s, 5.x producers have none),
+        ``clients`` (by client id, with ``brokers``: where it is registered; language and version by name),
+        ``clientCount`` (the most at one broker, or the clients listed if more) and ``brokers``), ``totals``,
+        ``errors`` and ``next`` (see _group_page)."""
+        rows, totals, errors, after = await self._group_page(RequestCode.HALFMQ_GET_PRODUCER_GROUPS, limit, after,
+                                                             contains)
+        groups = []
+        for name, held in rows.items():
+            clients: dict[str, dict] = {}
+            for broker, row in held:
+                for client in row["clients"]:
+                    clients.setdefault(client["clientId"], {**self._client_named(client), "brokers": []})[
+                        "brokers"].append(broker.name)
+            groups.append({"group": name, "protocol": held[0][1]["protocol"], "topic": held[0][1]["topic"],
+                           "clients": [clients[c] for c in sorted(clients)],
+                           "clientCount": max(len(clients), *(r["clientCount"] for _b, r in held)),
+                           "brokers": [b.name for b, _r in held]})
+        return {"groups": groups, "totals": totals, "errors": errors, "next": after}
+
+    @staticmethod
+    def _client_named(client: dict) -> dict:
+        """A remoting client's language and version ordinal by RocketMQ's names; a gRPC client's version is its
+        user agent's already."""
+        named = {**client, "language": language_name(client["language"])}
+        if client.get("protocol") != "grpc":
+            named["version"] = version_name(int(client["version"]))
+        return named
+
+    async def consumer_group(self, group: str) -> tuple[list[dict], dict[str, str]]:
+        """The group on every broker ``brokers`` names that knows it: (per broker ``brokerName``, ``brokerAddr``,
+        ``summary`` (its HALFMQ_GET_CONSUMER_GROUPS row), ``queues`` (GET_CONSUME_STATS rows), ``members`` and
+        ``subscriptions`` (GET_CONSUMER_CONNECTION_LIST: none when no consumer is online there); broker name → why
+        it did not answer).
+
+        Raises:
+            BrokerError: SUBSCRIPTION_GROUP_NOT_EXIST when every broker answered and none knows the group.
+        """
+        one = GroupListRequestHeader(group=group).to_ext()
+        stats = ConsumeStatsRequestHeader(consumerGroup=group).to_ext()
+        connections = ConnectionListRequestHeader(consumerGroup=group).to_ext()
+
+        async def on(broker: Broker) -> dict:
+            summary = (await self.json_call(broker.addr, RequestCode.HALFMQ_GET_CONSUMER_GROUPS, one))["groups"][0]
+            queues = (await self.json_call(broker.addr, RequestCode.GET_CONSUME_STATS, stats))["offsetTable"]
+            try:
+                online = await self.json_call(broker.addr, RequestCode.GET_CONSUMER_CONNECTION_LIST, connections)
+            except BrokerError as exc:
+                if exc.code != ResponseCode.CONSUMER_NOT_ONLINE:
+                    raise
+                online = {"connectionSet": [], "subscriptionTable": {}}
+            return {"brokerName": broker.name, "brokerAddr": broker.addr, "summary": summary, "queues": queues,
+                    "members": self._named(online["connectionSet"]),
+                    "subscriptions": {t: s["subString"] for t, s in online["subscriptionTable"].items()}}
+        done, failed = await self.on_each_answering(await self.brokers(), on,
+                                                    absent=ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST)
+        if not done and not failed:
+            raise error_for(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, f"no broker knows consumer group {group}")
+        if failed and not done:
+            raise failed[0][1]
+        return [data for _b, data in done], {b.name: str(exc) for b, exc in failed}
+
+    async def reset_offset_by_time(self, group: str, timestamp_ms: int, topic: str | None = None) -> list[dict]:
+        """mqadmin resetOffsetByTime as RocketMQ does it for a group with no consumer online (resetOffsetByTimeOld,
+        forced): on every broker ``brokers`` names, each queue of ``topic``, else of every topic GET_CONSUME_STATS
+        lists for the group but its ``%RETRY%`` topic, gets the group's offset of the first message stored at or
+        after ``timestamp_ms`` (the queue's end when there is none), committed durably (two-way
+        UPDATE_CONSUMER_OFFSET). Returns a row per queue: ``brokerName``, ``topic``, ``queueId``, ``previousOffset``
+        (-1: none), ``offset``.
+
+        A consumer online keeps its own position and commits it with its next pull, over the reset (RocketMQ
+        tells its Java consumers to reset themselves, RESET_CONSUMER_CLIENT_OFFSET; halfmq's clients have no such
+        command): stop the group's consumers first; they start again from the reset offsets."""
+        stats = ConsumeStatsRequestHeader(consumerGroup=group, topic=topic or None).to_ext()
+
+        async def reset(broker: Broker) -> list[dict]:
+            rows = []
+            for row in (await self.json_call(broker.addr, RequestCode.GET_CONSUME_STATS, stats))["offsetTable"]:
+                name, queue_id = row["topic"], row["queueId"]
+                if topic is None and name.startswith("%RETRY%"):
+                    continue
+                queue = QueueRequestHeader(topic=name, queueId=queue_id).to_ext()
+                offset = await self.search_offset(broker.addr, name, queue_id, timestamp_ms)
+                low = int((await self.call(broker.addr, RequestCode.GET_MIN_OFFSET, queue)).ext_fields["offset"])
+                if offset < low:  # the store answers 0 for a queue holding no message: its end is where to read
+                    offset = int((await self.call(broker.addr, RequestCode.GET_MAX_OFFSET, queue)
+                                  ).ext_fields["offset"])
+                await self.call(broker.addr, RequestCode.UPDATE_CONSUMER_OFFSET, UpdateConsumerOffsetRequestHeader(
+                    consumerGroup=group, topic=name, queueId=queue_id, commitOffset=offset).to_ext())
+                rows.append({"brokerName": broker.name, "topic": name, "queueId": queue_id,
+                             "previousOffset": row["consumerOffset"], "offset": offset})
+            return rows
+        return [row for _b, rows in await self.on_each(await self.brokers(), reset) for row in rows]
 
     async def update_sub_group(self, group: str) -> None:
         """Create a subscription group on every broker ``brokers(one_cluster=True)`` names (halfmq keeps no

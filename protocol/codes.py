@@ -50,6 +50,10 @@ class RequestCode(IntEnum):
     HALFMQ_GET_TRANSACTION_RECORDS = 20002
     #: one page of a broker's topics with their queues' offsets (the dashboard's topic list and topic page)
     HALFMQ_GET_TOPIC_STATS = 20003
+    #: one page of a broker's consumer groups with online members and lag (the dashboard's group list and page)
+    HALFMQ_GET_CONSUMER_GROUPS = 20004
+    #: one page of a broker's live producer groups with their clients, remoting and gRPC (the dashboard)
+    HALFMQ_GET_PRODUCER_GROUPS = 20005
 
 
 #: Codes that read or change broker state for operators: served only to admin peers (see broker/acl).
@@ -60,7 +64,8 @@ ADMIN_REQUEST_CODES = frozenset({
     RequestCode.HALFMQ_GET_HALF_STATUS, RequestCode.HALFMQ_GET_TRANSACTION_RECORDS,
     RequestCode.GET_BROKER_CONFIG, RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
     RequestCode.DELETE_SUBSCRIPTIONGROUP, RequestCode.DELETE_EXPIRED_COMMITLOG, RequestCode.DELETE_TOPIC_IN_NAMESRV,
-    RequestCode.HALFMQ_GET_TOPIC_STATS, RequestCode.QUERY_TOPIC_CONSUME_BY_WHO})
+    RequestCode.HALFMQ_GET_TOPIC_STATS, RequestCode.QUERY_TOPIC_CONSUME_BY_WHO,
+    RequestCode.HALFMQ_GET_CONSUMER_GROUPS, RequestCode.HALFMQ_GET_PRODUCER_GROUPS})
 #: A broker's registration with a name server: an admin account's with ACL on, open with it off (as RocketMQ's).
 BROKER_REGISTRATION_CODES = frozenset({RequestCode.REGISTER_BROKER, RequestCode.UNREGISTER_BROKER})
 

@@ -385,6 +385,18 @@ class TopicStatsRequestHeader(Header):
 
 
 @dataclass(slots=True, kw_only=True)
+class GroupListRequestHeader(Header):
+    """HALFMQ_GET_CONSUMER_GROUPS / HALFMQ_GET_PRODUCER_GROUPS: one page of at most ``limit`` of the broker's groups in
+    name order, after the name ``after``, those whose name contains ``contains`` (any case); or, with ``group``, that
+    group alone."""
+
+    limit: int | None = opt()
+    after: str | None = opt()
+    contains: str | None = opt()
+    group: str | None = opt()
+
+
+@dataclass(slots=True, kw_only=True)
 class DeleteSubscriptionGroupRequestHeader(Header):
     """DELETE_SUBSCRIPTIONGROUP (207); UPDATE_AND_CREATE_SUBSCRIPTIONGROUP (200) carries the group in its JSON
     body (RocketMQ's SubscriptionGroupConfig)."""

@@ -11,6 +11,7 @@ from halfmq.protocol.command import RemotingCommand
 from halfmq.protocol.headers import (
     ConnectionListRequestHeader,
     ConsumeStatsRequestHeader,
+    GroupListRequestHeader,
     HalfStatusRequestHeader,
     QueryMessageRequestHeader,
     TopicRequestHeader,
@@ -20,7 +21,7 @@ from halfmq.protocol.message import create_offset_msg_id, decode_record
 
 from ..context import BrokerContext, now_ms
 from ..errors import BrokerError
-from ..names import DLQ_PREFIX, RETRY_PREFIX, check_group, check_message_key, check_topic
+from ..names import DLQ_PREFIX, GRPC_GROUP_PREFIX, RETRY_PREFIX, check_group, check_message_key, check_topic
 from ..topics import SYSTEM_TOPICS, TopicConfig
 
 #: Rows per page of the transaction tables: what one request can make the broker read and encode on its event loop
@@ -28,6 +29,10 @@ from ..topics import SYSTEM_TOPICS, TopicConfig
 #: loop ~20 ms (5,000 rows held it 120-130 ms).
 MAX_PAGE = 1_000
 _STARTED = time.time()
+#: Groups per page of HALFMQ_GET_CONSUMER_GROUPS and HALFMQ_GET_PRODUCER_GROUPS, and clients listed per producer
+#: group: a page costs the same however many clients a group has.
+MAX_GROUP_PAGE = 500
+MAX_LISTED = 100
 TOPIC_KINDS = ("NORMAL", "RETRY", "DLQ", "SYSTEM")
 
 
@@ -47,6 +52,8 @@ class InspectProcessor:
         dispatcher.register(RequestCode.GET_CONSUME_STATS, self.consume_stats)
         dispatcher.register(RequestCode.HALFMQ_GET_HALF_STATUS, self.half_status)
         dispatcher.register(RequestCode.HALFMQ_GET_TRANSACTION_RECORDS, self.transaction_records)
+        dispatcher.register(RequestCode.HALFMQ_GET_CONSUMER_GROUPS, self.consumer_groups)
+        dispatcher.register(RequestCode.HALFMQ_GET_PRODUCER_GROUPS, self.producer_groups)
         dispatcher.register(RequestCode.HALFMQ_GET_TOPIC_STATS, self.topic_stats)
         dispatcher.register(RequestCode.QUERY_TOPIC_CONSUME_BY_WHO, self.topic_consumers)
 
@@ -122,18 +129,82 @@ class InspectProcessor:
         entry = ctx.consumers.groups.get(h.consumerGroup)
         if entry is not None and not h.topic:
             topics |= set(entry.subscriptions)
+        return _json(cmd, {"offsetTable": self._progress(h.consumerGroup, topics), "consumeTps": 0.0})
+
+    def _progress(self, group: str, topics) -> list[dict]:
+        """Each queue of ``topics``: the broker's max offset, the group's committed offset (-1: none) and the
+        difference."""
+        ctx = self.ctx
         rows = []
         for topic in sorted(topics):
             config = ctx.topics.get(topic)
             queues = range(config.read_queue_nums) if config else ctx.store.queue_ids(topic)
             for queue_id in queues:
                 broker_offset = ctx.store.max_offset(topic, queue_id)
-                consumer_offset = ctx.offsets.get(h.consumerGroup, topic, queue_id)
+                consumer_offset = ctx.offsets.get(group, topic, queue_id)
                 rows.append({"topic": topic, "brokerName": ctx.config.brokerName, "queueId": queue_id,
                              "brokerOffset": broker_offset,
                              "consumerOffset": -1 if consumer_offset is None else consumer_offset,
                              "diff": broker_offset - (consumer_offset or 0)})
-        return _json(cmd, {"offsetTable": rows, "consumeTps": 0.0})
+        return rows
+
+    def consumer_groups(self, channel, cmd: RemotingCommand) -> RemotingCommand:
+        """One page of the consumer groups (each ``%RETRY%`` topic's, and any with consumers online), in name order,
+        each with its remoting consumers online, the topics it reads (subscribed, or with a committed offset), its
+        lag (the sum over the queues GET_CONSUME_STATS lists of the broker's max offset less the group's offset, at
+        least 0) and whether its retry and dead-letter topics exist; ``total`` counts every page's; ``next``
+        continues after the page's last name (None after the last page). With ``group``: that group alone,
+        SUBSCRIPTION_GROUP_NOT_EXIST when the broker knows nothing of it."""
+        h = GroupListRequestHeader.from_ext(cmd.ext_fields)
+        ctx = self.ctx
+        online = ctx.consumers.groups
+        names = {t[len(RETRY_PREFIX):] for t in ctx.topics.topics if t.startswith(RETRY_PREFIX)}
+        names.update(online)
+        page, total, after = _group_page(names, h)
+        if h.group is not None and not page:
+            raise BrokerError(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, f"subscription group[{h.group}] not exist")
+        wanted = set(page)
+        offset_topics: dict[str, set[str]] = {}
+        for group, topic, _queue in ctx.offsets.table:  # one pass for the page, not one per group
+            if group in wanted:
+                offset_topics.setdefault(group, set()).add(topic)
+        rows = []
+        for group in page:
+            entry = online.get(group)
+            topics = offset_topics.get(group, set()) | (set(entry.subscriptions) if entry is not None else set())
+            progress = self._progress(group, topics)
+            rows.append({"group": group, "online": len(entry.client_ids()) if entry is not None else 0,
+                         "topics": sorted(topics)[:MAX_LISTED], "lag": sum(max(0, r["diff"]) for r in progress),
+                         "messageModel": entry.message_model if entry is not None else None,
+                         "retryTopic": RETRY_PREFIX + group in ctx.topics.topics,
+                         "dlqTopic": DLQ_PREFIX + group in ctx.topics.topics})
+        return _json(cmd, {"groups": rows, "total": total, "next": after})
+
+    def producer_groups(self, channel, cmd: RemotingCommand) -> RemotingCommand:
+        """One page of the live producer groups, in name order, each with its clients by client id (at most
+        MAX_LISTED; ``clientCount`` counts them all): id, address, language, version and protocol; ``total`` and
+        ``next`` as consumer_groups'. gRPC producers (5.x clients have no group) are registered under each topic's
+        transaction group ``%GRPC%<topic>`` (grpc/sessions.py): such a group is protocol "grpc" with its ``topic``,
+        and its clients' version is what their user agent says (a remoting client's is its version ordinal)."""
+        h = GroupListRequestHeader.from_ext(cmd.ext_fields)
+        groups = self.ctx.producers.groups
+        page, total, after = _group_page(groups, h)
+        if h.group is not None and not page:
+            raise BrokerError(ResponseCode.SYSTEM_ERROR, f"the producer group[{h.group}] not online")
+        rows = []
+        for group in page:
+            grpc = group.startswith(GRPC_GROUP_PREFIX)
+            infos = sorted(groups[group].values(), key=lambda i: i.client_id)
+            clients = []
+            for info in infos[:MAX_LISTED]:
+                client = {**self._connection(info), "protocol": "grpc" if grpc else "remoting"}
+                if grpc:
+                    client["version"] = _user_agent_version(info.channel)
+                clients.append(client)
+            rows.append({"group": group, "protocol": "grpc" if grpc else "remoting",
+                         "topic": group[len(GRPC_GROUP_PREFIX):] if grpc else None, "clientCount": len(infos),
+                         "clients": clients})
+        return _json(cmd, {"groups": rows, "total": total, "next": after})
 
     def half_status(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         """One page of the pending halves, oldest check due first: age, checks so far, group, topic, offsetMsgId,
@@ -228,6 +299,25 @@ def topic_kind(name: str) -> str:
     if name.startswith(DLQ_PREFIX):
         return "DLQ"
     return "NORMAL"
+
+
+def _group_page(names, h: GroupListRequestHeader) -> tuple[list[str], int, str | None]:
+    """The page of ``names`` the request asks for, how many names match it, and the name the next page starts
+    after (None: no page follows)."""
+    if h.group is not None:
+        return ([h.group] if h.group in names else []), int(h.group in names), None
+    limit = min(_page_limit(h.limit), MAX_GROUP_PAGE)
+    needle = (h.contains or "").lower()
+    matching = [name for name in names if needle in name.lower()]
+    # The page's names without sorting every group: a broker may hold many thousands.
+    page = heapq.nsmallest(limit + 1, (n for n in matching if h.after is None or n > h.after))
+    return page[:limit], len(matching), page[limit - 1] if len(page) > limit else None
+
+
+def _user_agent_version(session) -> str:
+    """A gRPC client's version from the user agent of its settings (its ClientInfo has no version ordinal)."""
+    settings = getattr(session, "settings", None)
+    return settings.user_agent.version if settings is not None else ""
 
 
 def _page_limit(limit: int | None) -> int:
