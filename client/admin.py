@@ -675,6 +675,8 @@ class Admin:
         """
         _host, offset = decode_offset_msg_id(offset_msg_id)
         addr = await self._holder(offset_msg_id)
+        if offset < 0:
+            return None
         page = await self.transaction_records_page(addr, after=str(offset - 1) if offset else None, limit=1)
         rows = [row for row in page["records"] if row["offset"] == offset]
         return (addr, rows[0]) if rows else None

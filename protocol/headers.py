@@ -364,10 +364,15 @@ class ConsumeStatsRequestHeader(Header):
 @dataclass(slots=True, kw_only=True)
 class HalfStatusRequestHeader(Header):
     """HALFMQ_GET_HALF_STATUS / HALFMQ_GET_TRANSACTION_RECORDS: one page of at most ``limit`` rows (the broker bounds
-    it too), from where the previous page ended: ``after`` is that answer's ``next`` (absent: the first page)."""
+    it too), from where the previous page ended: ``after`` is that answer's ``next`` (absent: the first page).
+    ``order``: "due" (HALF_STATUS's default: next check soonest first) or "store" (RECORDS' default: oldest first),
+    "-" before it for the reverse; ``state``: RECORDS of one status only (PREPARED, COMMITTED, ROLLED_BACK,
+    DISCARDED)."""
 
     limit: int | None = opt()
     after: str | None = opt()
+    order: str | None = opt()
+    state: str | None = opt()
 
 
 @dataclass(slots=True, kw_only=True)

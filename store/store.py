@@ -28,7 +28,7 @@ from .committed import MARKER_MAGIC_BYTES, place, resolve
 from .completion import Completion
 from .config import StoreConfig
 from .errors import CorruptRecordError, CorruptStoreError, StoreClosedError, StoreFullError
-from .halfs import HalfState
+from .halfs import HalfState, HalfStatus
 from .keys import CQ_VALUE, DUE_KEY, QUEUE_KEY, U64, offset_key, parse_offset_key
 from .lifecycle import log_end
 from .link import WriterLink
@@ -534,30 +534,40 @@ class MessageStore:
         with self.env.begin() as txn:
             return txn.stat(self.dbs["due"])["entries"]
 
-    def due_page(self, after: tuple[int, int] | None, limit: int) -> list[tuple[int, int]]:
+    def due_page(self, after: tuple[int, int] | None, limit: int, reverse: bool = False) -> list[tuple[int, int]]:
         """A page of the halves' due index: (due ms, half offset) after ``after`` (None: from the first), soonest
-        first, at most ``limit``."""
+        first (``reverse``: latest first), at most ``limit``."""
         start = None if after is None else DUE_KEY.pack(*after)
-        return [DUE_KEY.unpack(key) for key, _value in self._page("due", start, limit)]
-
-    def halves_page(self, after: int | None, limit: int) -> list[tuple[int, HalfState]]:
-        """A page of every half's state, in store order after half offset ``after`` (None: from the first)."""
-        start = None if after is None else U64.pack(after)
-        return [(U64.unpack(key)[0], HalfState.from_bytes(value)) for key, value in self._page("halfs", start, limit)]
-
-    def _page(self, table: str, after: bytes | None, limit: int) -> list[tuple[bytes, bytes]]:
-        out = []
+        rows = []
         with self.env.begin(buffers=False) as txn:
-            cursor = txn.cursor(db=self.dbs[table])
-            if not (cursor.first() if after is None else cursor.set_range(after)):
-                return out
-            for key, value in cursor:
-                if key == after:
-                    continue
-                out.append((key, value))
-                if len(out) >= limit:
-                    break
-        return out
+            cursor = txn.cursor(db=self.dbs["due"])
+            if _seek(cursor, start, reverse):
+                for key in (cursor.iterprev if reverse else cursor.iternext)(keys=True, values=False):
+                    rows.append(DUE_KEY.unpack(key))
+                    if len(rows) >= limit:
+                        break
+        return rows
+
+    def halves_scan(self, status: HalfStatus | None, after: int | None, limit: int, max_scan: int,
+                    reverse: bool = False) -> tuple[list[tuple[int, HalfState]], int | None]:
+        """A page of the halves in ``status`` (None: every half) in store order (``reverse``: newest first), after
+        half offset ``after`` (None: from the start): at most ``limit`` of them, looking at no more than ``max_scan``
+        rows. Also gives where the next page starts: the offset of the last row looked at, or None when the table
+        was read to its end. A row of another status is passed over by its first bytes, without decoding it."""
+        wanted = None if status is None else msgpack.packb(status.value)
+        rows: list[tuple[int, HalfState]] = []
+        scanned = 0
+        with self.env.begin(buffers=False) as txn:
+            cursor = txn.cursor(db=self.dbs["halfs"])
+            if not _seek(cursor, None if after is None else U64.pack(after), reverse):
+                return rows, None
+            for key, value in (cursor.iterprev if reverse else cursor.iternext)():
+                scanned += 1
+                if wanted is None or _status_is(value, wanted):
+                    rows.append((U64.unpack(key)[0], HalfState.from_bytes(value)))
+                if len(rows) >= limit or scanned >= max_scan:
+                    return rows, U64.unpack(key)[0]
+        return rows, None
 
     def iter_halves(self) -> Iterator[tuple[int, HalfState]]:
         with self.env.begin() as txn:
@@ -601,3 +611,25 @@ class MessageStore:
                 "last_commit_seconds": link.last_commit_seconds, "last_sync_seconds": link.last_sync_seconds,
                 "total_groups": self.total_groups, "total_ops": self.total_ops,
                 "corrupt_records": self.corrupt_records}
+
+
+def _seek(cursor, after: bytes | None, reverse: bool) -> bool:
+    """Put ``cursor`` on the first key after ``after`` in the direction read (None: the table's first, or last
+    when ``reverse``); False when there is none."""
+    if after is None:
+        return cursor.last() if reverse else cursor.first()
+    if reverse:
+        return cursor.prev() if cursor.set_range(after) else cursor.last()
+    if not cursor.set_range(after):
+        return False
+    return cursor.next() if cursor.key() == after else True
+
+
+def _status_is(raw: bytes, packed_status: bytes) -> bool:
+    """Does the half state row ``raw`` have the status whose msgpack form is ``packed_status``? A row is an array
+    whose first item is the status (read after the array's header); a named map of earlier versions is decoded."""
+    lead = raw[0]
+    start = 1 if 0x90 <= lead <= 0x9f else 3 if lead == 0xdc else 5 if lead == 0xdd else None
+    if start is None:
+        return msgpack.packb(HalfState.from_bytes(raw).status.value) == packed_status
+    return raw[start:start + len(packed_status)] == packed_status

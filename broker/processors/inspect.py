@@ -18,6 +18,7 @@ from halfmq.protocol.headers import (
     TopicStatsRequestHeader,
 )
 from halfmq.protocol.message import create_offset_msg_id, decode_record
+from halfmq.transactions import HalfStatus
 
 from ..context import BrokerContext, now_ms
 from ..errors import BrokerError
@@ -28,6 +29,9 @@ from ..topics import SYSTEM_TOPICS, TopicConfig
 #: (a client wanting more asks for the next page). Decoding a half's state costs ~20 us here, so a page holds the
 #: loop ~20 ms (5,000 rows held it 120-130 ms).
 MAX_PAGE = 1_000
+#: Rows a page of one state may pass over (halves of other states): passing over one costs ~0.4 us here (its first
+#: bytes tell its state), so as long on the loop as a full page.
+MAX_SCAN = 50_000
 _STARTED = time.time()
 #: Groups per page of HALFMQ_GET_CONSUMER_GROUPS and HALFMQ_GET_PRODUCER_GROUPS, and clients listed per producer
 #: group: a page costs the same however many clients a group has.
@@ -207,42 +211,56 @@ class InspectProcessor:
         return _json(cmd, {"groups": rows, "total": total, "next": after})
 
     def half_status(self, channel, cmd: RemotingCommand) -> RemotingCommand:
-        """One page of the pending halves, oldest check due first: age, checks so far, group, topic, offsetMsgId,
-        how many messages it holds (a batch half more than one);
-        ``next`` continues after the page's last row (None after the last page)."""
+        """One page of the pending halves: age, checks so far, next check, waiting for a producer, group, topic,
+        offsetMsgId, how many messages it holds (a batch half more than one). ``order`` "due" (the default): next
+        check soonest first, from the due index; "store": oldest first, from the halves' own table (a page there
+        passes over the decided halves between pending ones, MAX_SCAN rows at most); "-" before either for the
+        reverse. ``next`` continues after the page's last row (None after the last page)."""
         h = HalfStatusRequestHeader.from_ext(cmd.ext_fields)
+        order = _order(h.order, "due", ("due", "store"))
         limit = _page_limit(h.limit)
-        after = _cursor(h.after, 2)
         store, now = self.ctx.store, now_ms()
-        page = store.due_page(after, limit)
-        rows = []
-        for due, offset in page:
-            state = store.get_half(offset)
-            if state is None or not state.pending:
-                continue  # decided between the two reads
-            rows.append({"offsetMsgId": create_offset_msg_id(self.ctx.store_host, offset),
-                         "transactionId": state.uniq, "producerGroup": state.group, "topic": state.topic,
-                         "ageMillis": now - state.store_ts, "checks": state.checks,
-                         "nextCheckInMillis": due - now, "waitingForProducer": state.waiting,
-                         "messages": state.batch or 1})
-        return _json(cmd, {"pending": store.pending_halves_count(), "halves": rows,
-                           "next": _next_cursor(page[-1] if page else None, len(page), limit)})
+        reverse = order.startswith("-")
+        if order.endswith("due"):
+            page = store.due_page(_cursor(h.after, 2), limit, reverse)
+            # a half decided between the two reads is left out
+            halves = [(offset, state) for _due, offset in page
+                      if (state := store.get_half(offset)) is not None and state.pending]
+            after = _next_cursor(page[-1] if page else None, len(page), limit)
+        else:
+            start = _cursor(h.after, 1)
+            halves, last = store.halves_scan(HalfStatus.PREPARED, start[0] if start else None, limit, MAX_SCAN,
+                                             reverse)
+            after = None if last is None else str(last)
+        rows = [{"offsetMsgId": create_offset_msg_id(self.ctx.store_host, offset),
+                 "transactionId": state.uniq, "producerGroup": state.group, "topic": state.topic,
+                 "ageMillis": now - state.store_ts, "checks": state.checks,
+                 "nextCheckInMillis": state.due - now, "waitingForProducer": state.waiting,
+                 "messages": state.batch or 1} for offset, state in halves]
+        return _json(cmd, {"pending": store.pending_halves_count(), "halves": rows, "next": after})
 
     def transaction_records(self, channel, cmd: RemotingCommand) -> RemotingCommand:
-        """One page of every transaction's record (for audits), in store order: state, group, topic, times and
-        check count; ``next`` continues after the page's last row (None after the last page)."""
+        """One page of the transactions' records (for audits): state, group, topic, times, check count, and the
+        half's offsetMsgId (what a resume names); in store order (``order`` "-store": newest first), of one
+        ``state`` only if given (a page then passes over MAX_SCAN rows at most). ``next`` continues after the last
+        row looked at (None after the last page)."""
         h = HalfStatusRequestHeader.from_ext(cmd.ext_fields)
+        order = _order(h.order, "store", ("store",))
         limit = _page_limit(h.limit)
-        after = _cursor(h.after, 1)
-        page = self.ctx.store.halves_page(after[0] if after else None, limit)
+        start = _cursor(h.after, 1)
+        status = _status(h.state)
+        page, last = self.ctx.store.halves_scan(status, start[0] if start else None, limit, MAX_SCAN,
+                                                order.startswith("-"))
         rows = []
         for offset, state in page:
-            rows.append({"offset": offset, "transactionId": state.uniq, "producerGroup": state.group,
+            rows.append({"offset": offset, "offsetMsgId": create_offset_msg_id(self.ctx.store_host, offset),
+                         "transactionId": state.uniq, "producerGroup": state.group,
                          "topic": state.topic, "state": state.status.value, "storeTimestamp": state.store_ts,
                          "decidedTimestamp": state.decided_ts, "decidedBy": state.decided_by,
-                         "checks": state.checks, "messages": state.batch or 1})
-        last = (page[-1][0],) if page else None
-        return _json(cmd, {"records": rows, "next": _next_cursor(last, len(page), limit)})
+                         "checks": state.checks, "messages": state.batch or 1,
+                         "nextCheckTimestamp": state.due if state.pending else None,
+                         "waitingForProducer": state.waiting})
+        return _json(cmd, {"records": rows, "next": None if last is None else str(last)})
 
     def topic_stats(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         """One page of the topics, in name order, each with its settings, messages sent to it since the broker
@@ -299,6 +317,24 @@ def topic_kind(name: str) -> str:
     if name.startswith(DLQ_PREFIX):
         return "DLQ"
     return "NORMAL"
+
+
+def _order(text: str | None, default: str, keys: tuple[str, ...]) -> str:
+    order = text or default
+    if order.lstrip("-") not in keys or order.startswith("--"):
+        raise BrokerError(ResponseCode.SYSTEM_ERROR, f"order {order!r} is not one of "
+                          + ", ".join(f"{k}, -{k}" for k in keys))
+    return order
+
+
+def _status(text: str | None) -> HalfStatus | None:
+    if not text:
+        return None
+    try:
+        return HalfStatus(text)
+    except ValueError:
+        raise BrokerError(ResponseCode.SYSTEM_ERROR, f"state {text!r} is not one of "
+                          + ", ".join(s.value for s in HalfStatus)) from None
 
 
 def _group_page(names, h: GroupListRequestHeader) -> tuple[list[str], int, str | None]:

@@ -1,0 +1,334 @@
+"""Transactions: each broker's pending halves (paged, by next check or by age), its discarded halves with a Resume
+action, one half's record, and per producer group how its newest transactions ended, over time.
+
+Every list is one broker's (``broker``, default the first master): its pages come from that broker's admin requests
+(HALFMQ_GET_HALF_STATUS, HALFMQ_GET_TRANSACTION_RECORDS), which page and sort themselves, so a page costs a page of
+rows whatever the number of halves. The per group figures read a bounded window, the broker's newest
+AUDIT_WINDOW transaction records: the whole table could be millions of rows (the audit job reads it all)."""
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+from aiohttp import web
+
+from halfmq.client.admin import Admin, Broker
+from halfmq.client.errors import IllegalOperationError
+from halfmq.protocol.errors import MessageFormatError
+from halfmq.protocol.message import decode_offset_msg_id
+
+from .page import HISTORY, SETTINGS, admin_for, error_page, json_error, render
+
+routes = web.RouteTableDef()
+NAV = ("/transactions", "Transactions")
+
+PAGE_SIZE, MAX_PAGE_SIZE = 50, 200
+#: sorts of the pending list: the broker's orders (due index, or store order of the halves table)
+PENDING_SORTS = {"due": "next check, soonest first", "-due": "next check, latest first",
+                 "store": "oldest first", "-store": "newest first"}
+DISCARDED_SORTS = {"-store": "newest first", "store": "oldest first"}
+_CURSOR = {"due": re.compile(r"\d{1,20}:\d{1,20}"), "store": re.compile(r"\d{1,20}")}
+#: broker requests one page of discarded halves may take: each passes over at most the broker's MAX_SCAN halves of
+#: other states, so a page is bounded however few of the halves are discarded (its Next link goes on from there)
+DISCARDED_REQUESTS = 4
+#: the newest transaction records the per group figures read per broker (two broker pages)
+AUDIT_WINDOW = 2_000
+AUDIT_CHART_GROUPS = 8  #: groups with a line of their own in the charts; the rest are summed as "(other)"
+OTHER = "(other)"
+BUCKETS_S = (1, 5, 10, 30, 60, 300, 900, 3_600, 21_600, 86_400)
+MAX_BUCKETS = 60
+DECISIONS = {"COMMITTED": "committed", "ROLLED_BACK": "rolledBack", "DISCARDED": "discarded"}
+
+
+class BadParam(Exception):
+    """A query parameter that cannot be used: answered 400 with this message."""
+
+
+class NotFound(Exception):
+    """A half or broker that does not exist: answered 404 with this message."""
+
+
+class Conflict(Exception):
+    """An action the half's state does not allow (resuming a committed half): answered 409 with this message."""
+
+
+STATUS = {BadParam: 400, NotFound: 404, Conflict: 409}
+
+
+def _answer(template: str | None):
+    """Wraps a data function into a handler: its JSON (``template`` None) or the page rendered from it; a bad
+    parameter is a 400, a missing thing a 404, a refused action a 409, each with a message."""
+    def wrap(build):
+        async def handler(request: web.Request) -> web.Response:
+            try:
+                data = await build(request)
+            except (BadParam, NotFound, Conflict) as exc:
+                status = STATUS[type(exc)]
+                return json_error(status, str(exc)) if template is None else error_page(request, status, str(exc))
+            return web.json_response(data) if template is None else render(request, template, data)
+        return handler
+    return wrap
+
+
+def _size(request: web.Request) -> int:
+    text = request.query.get("size", str(PAGE_SIZE))
+    if not text.isdecimal() or not 1 <= int(text) <= MAX_PAGE_SIZE:
+        raise BadParam(f"size must be a whole number from 1 to {MAX_PAGE_SIZE}, not {text!r}")
+    return int(text)
+
+
+def _choice(request: web.Request, name: str, choices: dict, default: str) -> str:
+    value = request.query.get(name, default)
+    if value not in choices:
+        raise BadParam(f"{name} must be one of {', '.join(choices)}, not {value!r}")
+    return value
+
+
+def _after(request: web.Request, sort: str) -> str | None:
+    """The cursor of a page (the previous page's ``next``); its form depends on the sort it was made for."""
+    after = request.query.get("after") or None
+    if after is not None and not _CURSOR[sort.lstrip("-")].fullmatch(after):
+        raise BadParam(f"after {after!r} is not a cursor this list gave (sort {sort})")
+    return after
+
+
+async def _broker(request: web.Request, admin: Admin) -> tuple[Broker, list[Broker]]:
+    """The broker a list is of (``broker``: its name; default the first master) and every master."""
+    masters = await admin.masters()
+    if not masters:
+        raise NotFound("the name servers know no broker")
+    name = request.query.get("broker")
+    if name is None:
+        return masters[0], masters
+    for broker in masters:
+        if broker.name == name:
+            return broker, masters
+    raise BadParam(f"unknown broker {name!r}: the name servers know {', '.join(b.name for b in masters)}")
+
+
+async def _summaries(admin: Admin, masters: list[Broker]) -> list[dict]:
+    """Each broker's transaction figures from its runtime info: pending, checks sent, discarded so far."""
+    tables = await asyncio.gather(*(admin.broker_status(b.addr) for b in masters), return_exceptions=True)
+    rows = []
+    for broker, table in zip(masters, tables):
+        if isinstance(table, BaseException):
+            rows.append({"name": broker.name, "addr": broker.addr, "up": False, "error": str(table)})
+            continue
+        rows.append({"name": broker.name, "addr": broker.addr, "up": True,
+                     "pending": int(table.get("pendingHalfMessages", 0)),
+                     "checkBacksSent": int(table.get("checkBacksSent", 0)),
+                     "checkBacksUndeliverable": int(table.get("checkBacksUndeliverable", 0)),
+                     "discarded": int(table.get("halfMessagesDiscarded", 0)),
+                     "lastCheckPassMillis": float(table.get("lastCheckPassMillis", 0))})
+    return rows
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+# --- pending halves ---
+async def pending(request: web.Request) -> dict:
+    """One page of one broker's pending halves, with every broker's transaction figures."""
+    size = _size(request)
+    sort = _choice(request, "sort", PENDING_SORTS, "due")
+    after = _after(request, sort)
+    admin = admin_for(request)
+    broker, masters = await _broker(request, admin)
+    summaries, page = await asyncio.gather(_summaries(admin, masters),
+                                           admin.half_status_page(broker.addr, sort, after, size))
+    return {"now": _now_ms(), "brokers": summaries, "broker": broker.name, "sort": sort, "sorts": PENDING_SORTS,
+            "size": size, "after": after, "pending": page["pending"], "halves": page["halves"],
+            "next": page["next"]}
+
+
+routes.get("/api/transactions")(_answer(None)(pending))
+routes.get("/transactions")(_answer("transactions.html")(pending))
+
+
+@routes.get("/api/transactions/series")
+async def api_series(request: web.Request) -> web.Response:
+    """Each broker's pending halves and check-backs/s as sampled: {broker: {pending|checks: [[unix ms, value]]}}."""
+    history = request.app[HISTORY]
+    brokers = sorted({name.split(":")[1] for name in history.series if name.startswith("broker:")})
+    return web.json_response({b: {s: history.get(f"broker:{b}:{s}") for s in ("pending", "checks")}
+                              for b in brokers})
+
+
+# --- discarded halves ---
+async def discarded(request: web.Request) -> dict:
+    """One page of one broker's discarded halves (checks used up, or no producer for too long): resumable."""
+    size = _size(request)
+    sort = _choice(request, "sort", DISCARDED_SORTS, "-store")
+    after = _after(request, sort)
+    admin = admin_for(request)
+    broker, masters = await _broker(request, admin)
+    rows: list[dict] = []
+    for _ in range(DISCARDED_REQUESTS):
+        page = await admin.transaction_records_page(broker.addr, "DISCARDED", sort, after, size - len(rows))
+        rows += page["records"]
+        after = page["next"]
+        if after is None or len(rows) >= size:
+            break
+    return {"now": _now_ms(), "brokers": [b.name for b in masters], "broker": broker.name, "sort": sort,
+            "sorts": DISCARDED_SORTS, "size": size, "after": request.query.get("after") or None, "halves": rows,
+            "next": after}
+
+
+routes.get("/api/transactions/discarded")(_answer(None)(discarded))
+routes.get("/transactions/discarded")(_answer("transactions_discarded.html")(discarded))
+
+
+# --- one half ---
+def _msg_id(request: web.Request) -> str:
+    msg_id = request.match_info["msg_id"]
+    try:
+        decode_offset_msg_id(msg_id)
+    except MessageFormatError as exc:
+        raise BadParam(str(exc)) from None
+    return msg_id
+
+
+async def _record(admin: Admin, msg_id: str) -> tuple[str, dict]:
+    found = await admin.half_record(msg_id)
+    if found is None:
+        raise NotFound(f"no half message {msg_id}: its broker keeps no transaction at that offset")
+    return found
+
+
+async def half(request: web.Request) -> dict:
+    """A half's transaction record (not its body: brokers show no half as a message before it is committed)."""
+    msg_id = _msg_id(request)
+    addr, record = await _record(admin_for(request), msg_id)
+    return {"now": _now_ms(), "addr": addr, "record": record, "resumed": "resumed" in request.query}
+
+
+routes.get("/api/transactions/half/{msg_id}")(_answer(None)(half))
+routes.get("/transactions/half/{msg_id}")(_answer("transactions_half.html")(half))
+
+
+async def _resume(request: web.Request) -> dict:
+    """RESUME_CHECK_HALF_MESSAGE on the half's broker: it gets a fresh set of checks, the first one now."""
+    msg_id = _msg_id(request)
+    admin = admin_for(request)
+    addr, record = await _record(admin, msg_id)
+    if record["state"] not in ("DISCARDED", "PREPARED"):
+        raise Conflict(f"the transaction is already {record['state']}: there is nothing to resume")
+    try:
+        await admin.resume_half(msg_id)
+    except IllegalOperationError as exc:  # decided between the two requests
+        raise Conflict(exc.remark or str(exc)) from None
+    return {"resumed": msg_id, "broker": addr}
+
+
+routes.post("/api/transactions/half/{msg_id}/resume")(_answer(None)(_resume))
+
+
+@routes.post("/transactions/half/{msg_id}/resume")
+async def resume_form(request: web.Request) -> web.Response:
+    """The Resume button: resumes, then shows the half's page saying so."""
+    try:
+        data = await _resume(request)
+    except (BadParam, NotFound, Conflict) as exc:
+        return error_page(request, STATUS[type(exc)], str(exc))
+    raise web.HTTPSeeOther(f"/transactions/half/{data['resumed']}?resumed=1")
+
+
+# --- per producer group ---
+def _bucket_s(span_ms: int) -> int:
+    for seconds in BUCKETS_S:
+        if span_ms <= seconds * 1000 * MAX_BUCKETS:
+            return seconds
+    return BUCKETS_S[-1]
+
+
+def audit(records: list[dict], now_ms: int) -> dict:
+    """Per producer group of ``records`` (a broker's newest): how many committed, rolled back, were discarded or
+    are pending, messages committed, check-backs; and the decisions per time bucket, for the charts."""
+    groups: dict[str, dict] = {}
+    for row in records:
+        figures = groups.get(row["producerGroup"])
+        if figures is None:
+            figures = groups[row["producerGroup"]] = {"group": row["producerGroup"], "committed": 0,
+                                                      "rolledBack": 0, "discarded": 0, "pending": 0,
+                                                      "messagesCommitted": 0, "checks": 0}
+        key = DECISIONS.get(row["state"], "pending")
+        figures[key] += 1
+        figures["checks"] += row["checks"]
+        if key == "committed":
+            figures["messagesCommitted"] += row["messages"]
+    ranked = sorted(groups.values(), key=lambda g: (-(g["committed"] + g["rolledBack"] + g["discarded"]),
+                                                    g["group"]))
+    since = min((row["storeTimestamp"] for row in records), default=now_ms)
+    bucket_ms = _bucket_s(now_ms - since) * 1000
+    first = since // bucket_ms * bucket_ms
+    charted = {g["group"] for g in ranked[:AUDIT_CHART_GROUPS]}
+    times = range(first, now_ms + 1, bucket_ms)
+    series: dict[str, dict[str, dict[int, int]]] = {}
+    for row in records:
+        kind = DECISIONS.get(row["state"])
+        decided = row["decidedTimestamp"]
+        if kind is None or decided is None or decided < first:
+            continue
+        name = row["producerGroup"] if row["producerGroup"] in charted else OTHER
+        counts = series.setdefault(name, {k: {} for k in DECISIONS.values()})[kind]
+        at = decided // bucket_ms * bucket_ms
+        counts[at] = counts.get(at, 0) + 1
+    return {"records": len(records), "since": since, "bucketSeconds": bucket_ms // 1000, "groups": ranked,
+            "series": {name: {kind: [[t, counts.get(t, 0)] for t in times] for kind, counts in kinds.items()}
+                       for name, kinds in series.items()}}
+
+
+async def _audit(request: web.Request, admin: Admin, broker: Broker) -> dict:
+    """The audit of ``broker``'s newest AUDIT_WINDOW records, kept in the session for a sample interval: charts
+    refresh every few seconds and must not read the window each time."""
+    cache = request["session"].data.setdefault("transaction_audit", {})
+    kept = cache.get(broker.addr)
+    if kept is not None and time.monotonic() - kept[0] < request.app[SETTINGS].sample_interval_s:
+        return kept[1]
+    records: list[dict] = []
+    after = None
+    while len(records) < AUDIT_WINDOW:
+        page = await admin.transaction_records_page(broker.addr, order="-store", after=after,
+                                                    limit=AUDIT_WINDOW - len(records))
+        records += page["records"]
+        after = page["next"]
+        if after is None:
+            break
+    result = {**audit(records, _now_ms()), "complete": after is None, "window": AUDIT_WINDOW}
+    cache[broker.addr] = (time.monotonic(), result)
+    return result
+
+
+async def groups(request: web.Request) -> dict:
+    """Per producer group of one broker: how its newest transactions ended (a page of the groups, most decisions
+    first)."""
+    size = _size(request)
+    page_text = request.query.get("page", "1")
+    if not page_text.isdecimal() or int(page_text) < 1:
+        raise BadParam(f"page must be a whole number from 1, not {page_text!r}")
+    page = int(page_text)
+    admin = admin_for(request)
+    broker, masters = await _broker(request, admin)
+    result = await _audit(request, admin, broker)
+    rows = result["groups"]
+    return {"brokers": [b.name for b in masters], "broker": broker.name, "records": result["records"],
+            "window": result["window"], "complete": result["complete"], "since": result["since"],
+            "bucketSeconds": result["bucketSeconds"], "total": len(rows), "page": page, "size": size,
+            "groups": rows[(page - 1) * size:page * size], "now": _now_ms()}
+
+
+routes.get("/api/transactions/groups")(_answer(None)(groups))
+routes.get("/transactions/groups")(_answer("transactions_groups.html")(groups))
+
+
+async def group_series(request: web.Request) -> dict:
+    """Decisions per time bucket of one broker's newest transactions, per group (the busiest AUDIT_CHART_GROUPS,
+    the rest as "(other)"): {group: {committed|rolledBack|discarded: [[unix ms, count]]}}."""
+    admin = admin_for(request)
+    broker, _masters = await _broker(request, admin)
+    return (await _audit(request, admin, broker))["series"]
+
+
+routes.get("/api/transactions/groups/series")(_answer(None)(group_series))
