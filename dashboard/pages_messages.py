@@ -26,7 +26,7 @@ from halfmq.protocol.headers import ConsumeStatsRequestHeader
 from halfmq.protocol.message import decode_offset_msg_id
 
 from .page import SETTINGS, admin_for, render
-from .params import Refused, choice, form_of, integer, refusals, text, timestamp, topic_name, utc
+from .params import Refused, choice, integer, refusals, text, timestamp, topic_name, utc
 
 routes = web.RouteTableDef()
 NAV = ("/messages", "Messages")
@@ -327,7 +327,6 @@ async def message(request: web.Request) -> dict:
 async def resend(request: web.Request) -> dict:
     """Send a dead-lettered message again, to its original topic (its RETRY_TOPIC property): same body, tags, keys
     and user properties, a new msgId."""
-    await form_of(request)  # the CSRF token came in it; nothing else is read
     msg, _broker, _addr = await find_message(request, request.match_info["msg_id"])
     if not msg.topic.startswith(DLQ_PREFIX):
         raise Refused(400, f"message {msg.offset_msg_id} is in {msg.topic}, not a dead-letter (%DLQ%) topic")
@@ -389,7 +388,8 @@ async def messages_page(request: web.Request) -> web.Response:
 @refusals
 async def message_page(request: web.Request) -> web.Response:
     data = await message(request)
-    return render(request, "message.html", {**data, "resent": request.query.get("resent", "")})
+    resent = request.query.get("resent", "")
+    return render(request, "message.html", {**data, "resent": resent if OFFSET_MSG_ID.fullmatch(resent) else ""})
 
 
 @routes.post("/messages/{msg_id}/resend")

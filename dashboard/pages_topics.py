@@ -14,7 +14,7 @@ from aiohttp import web
 from halfmq.client.admin import Admin
 
 from .page import admin_for, render
-from .params import Refused, choice, form_of, integer, refusals, text, topic_name, utc
+from .params import TOPIC_NAME, Refused, choice, form_of, integer, refusals, text, topic_name, utc
 
 routes = web.RouteTableDef()
 NAV = ("/topics", "Topics")
@@ -125,7 +125,7 @@ async def save_topic(request: web.Request) -> dict:
     perm = integer(form, "perm", 6, 0, 7)
     if perm not in PERMS:
         raise Refused(400, f"perm {perm} is not one of {', '.join(f'{p} ({t})' for p, t in PERMS.items())}")
-    kind = choice(form, "messageType", ("",) + MESSAGE_TYPES, "")
+    kind = choice(form, "messageType", ("", *MESSAGE_TYPES), "")
     target = await _target(admin_for(request), form)
     brokers = await target.brokers(one_cluster=True)
     await target.update_topic(name, read, write, perm, f"+message.type={kind}" if kind else "-message.type")
@@ -168,10 +168,11 @@ async def api_delete_topic(request: web.Request) -> web.Response:
 @refusals
 async def topics_page(request: web.Request) -> web.Response:
     data = await topics(request)
+    deleted = request.query.get("deleted", "")
     query = {k: v for k, v in data["filter"].items() if k != "after"}
     return render(request, "topics.html", {
         **data, "kinds": tuple(KINDS), "message_types": MESSAGE_TYPES, "perms": PERMS,
-        "brokers": await admin_for(request).masters(), "deleted": request.query.get("deleted", ""),
+        "brokers": await admin_for(request).masters(), "deleted": deleted if TOPIC_NAME.fullmatch(deleted) else "",
         "first_url": "/topics?" + urlencode(query) if data["filter"]["after"] else "",
         "next_url": "/topics?" + urlencode({**query, "after": data["next"]}) if data["next"] else ""})
 
