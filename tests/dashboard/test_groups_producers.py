@@ -361,3 +361,79 @@ async def test_with_acl_the_groups_and_producers_api_ask_to_sign_in(dashboard_fa
     assert status == 200 and data["errors"] == {}
     status, data = await http.get_json("/api/groups/CG_ANY")
     assert status == 404
+
+
+@pytest.fixture
+async def two_brokers(broker_factory, tmp_path):
+    """(name server address, dashboard URL) of a cluster: a name server and brokers broker-a and broker-b that
+    register with it, in this process, and a dashboard over it."""
+    from halfmq.broker.namesrv.config import load_namesrv_config
+    from halfmq.broker.namesrv.server import NameServer
+
+    namesrv = NameServer(load_namesrv_config(None, ["--bindAddress=127.0.0.1", "--listenPort=0"]))
+    await namesrv.start()
+    server = None
+    try:
+        for name in ("broker-a", "broker-b"):
+            await broker_factory(tmp_path / name, brokerName=name, namesrvAddr=namesrv.addr, namesrvListenPort=-1)
+        server = DashboardServer(DashboardSettings(namesrv=namesrv.addr, port=0, sample_interval_s=SAMPLE_S))
+        await server.start()
+        yield namesrv.addr, f"http://{server.addr}"
+    finally:
+        if server is not None:
+            await server.stop()
+        await namesrv.stop()
+
+
+async def test_groups_and_producers_span_every_broker_of_a_cluster(two_brokers, consumers, http_factory):
+    namesrv, url = two_brokers
+    async with Admin(namesrv) as admin:
+        await admin.update_topic("Spread", 2, 2)
+        await eventually(lambda: _route_brokers(admin, "Spread"), "the topic's route over both brokers")
+        for name in ("CG_SPAN_1", "CG_SPAN_3"):
+            await admin.update_sub_group(name)
+        await admin.scoped(broker="broker-b").update_sub_group("CG_SPAN_2")  # one broker's group only
+    http = http_factory(url)
+    async with Producer("PG_SPAN", namesrv) as producer:
+        member = await consumers(namesrv, "CG_SPAN_1", "Spread")
+        await producer.send(Message("Spread", b"warm-up"))
+        await eventually(lambda: _lag(http, "CG_SPAN_1", 0, member.bodies), "the warm-up consumed and committed")
+        await consumers.stop(member)
+        placed = [(await producer.send(Message("Spread", f"m{i}".encode()))).queue.broker_name for i in range(8)]
+        assert set(placed) == {"broker-a", "broker-b"}  # the producer spreads sends over both brokers' queues
+
+        names, after = [], ""
+        while True:  # a page of one group at a time: each page merges both brokers' first names
+            status, data = await http.get_json(f"/api/groups?size=1&q=CG_SPAN&after={after}")
+            assert status == 200 and data["errors"] == {}
+            names += [(g["group"], g["brokers"], g["lag"]) for g in data["groups"]]
+            if data["next"] is None:
+                break
+            after = data["next"]
+        assert names == [("CG_SPAN_1", ["broker-a", "broker-b"], 8), ("CG_SPAN_2", ["broker-b"], 0),
+                         ("CG_SPAN_3", ["broker-a", "broker-b"], 0)]
+        assert data["totals"] == {"broker-a": 2, "broker-b": 3}
+
+        status, group = await http.get_json("/api/groups/CG_SPAN_1")
+        assert status == 200 and group["lag"] == 8
+        assert {b["brokerName"]: b["lag"] for b in group["brokers"]} == {
+            name: placed.count(name) for name in ("broker-a", "broker-b")}
+        assert {q["brokerName"] for q in group["queues"]} == {"broker-a", "broker-b"}
+
+        status, data = await http.get_json("/api/producers?q=PG_SPAN")
+        assert status == 200 and [g["group"] for g in data["groups"]] == ["PG_SPAN"]
+        [client] = data["groups"][0]["clients"]  # one client, registered with both brokers
+        assert client["clientId"] == producer.instance.client_id and client["brokers"] == ["broker-a", "broker-b"]
+
+        await http.page("/groups/CG_SPAN_1")
+        async with http.session.post(f"{url}/api/groups/CG_SPAN_1/reset", json={"time": "0", "topic": "Spread"},
+                                     headers={"X-CSRF-Token": http.csrf}) as resp:
+            reset = await resp.json()
+        assert resp.status == 200 and {r["brokerName"] for r in reset["queues"]} == {"broker-a", "broker-b"}
+        status, group = await http.get_json("/api/groups/CG_SPAN_1")
+        assert group["lag"] == 9  # every message of both brokers again, the warm-up too
+
+
+async def _route_brokers(admin: Admin, topic: str) -> bool:
+    route = await admin.topic_route(topic)
+    return {d["brokerName"] for d in route["queueDatas"]} == {"broker-a", "broker-b"}
