@@ -275,8 +275,9 @@ class Admin:
         ``totals`` (broker name → its topics matching), ``errors`` (broker name → why it did not answer) and
         ``next`` (the ``after`` of the next page; None after the last).
 
-        Each broker answers its first ``limit`` names after ``after``: the first ``limit`` names of their union are
-        among those, each with every holder's row, so a page never misses a name nor a broker's share of one."""
+        Each broker answers its first names after ``after`` (``limit`` of them, or fewer with ``next`` set): the
+        union's names up to the first ``next`` a broker gave are all in the answers, each with every holder's row,
+        so a page never misses a name nor a broker's share of one."""
         ext = TopicStatsRequestHeader(limit=limit, after=after, contains=contains or None, kinds=kinds).to_ext()
         done, failed = await self.on_each_answering(
             await self.brokers(), lambda b: self.json_call(b.addr, RequestCode.HALFMQ_GET_TOPIC_STATS, ext))
@@ -286,8 +287,10 @@ class Admin:
         for broker, data in done:
             for row in data["topics"]:
                 rows.setdefault(row["topic"], []).append({**row, "brokerName": broker.name})
-        names = sorted(rows)[:limit]
-        more = len(rows) > limit or any(data["next"] is not None for _b, data in done)
+        cut = min((data["next"] for _b, data in done if data["next"] is not None), default=None)
+        names = sorted(n for n in rows if cut is None or n <= cut)
+        more = cut is not None or len(names) > limit
+        names = names[:limit]
         return {"topics": [{"topic": n, "kind": rows[n][0]["kind"], "brokers": rows[n]} for n in names],
                 "totals": {b.name: data["total"] for b, data in done},
                 "errors": {b.name: str(exc) for b, exc in failed}, "next": names[-1] if more and names else None}

@@ -11,9 +11,14 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import WebDriverWait
 
+from halfmq.broker.processors import inspect as inspect_processor
 from halfmq.client import Message, MessageQueue, Producer, PullConsumer, TopicNotExistError
 from halfmq.client.admin import Admin
+from halfmq.dashboard.server import DashboardServer
+from halfmq.dashboard.settings import DashboardSettings
 from halfmq.protocol.message import create_offset_msg_id
+
+from tests.support.cluster import LocalCluster, until
 
 
 async def _send(namesrv: str, *messages: Message, queue: MessageQueue | None = None):
@@ -106,7 +111,7 @@ async def test_a_topic_created_then_deleted_in_the_browser(dashboard, browser):
 
 
 # --- the topics API ---
-async def test_api_topics_pages_through_filters_and_counts(dashboard, http_factory):
+async def test_api_topics_pages_through_filters_and_counts(dashboard, http_factory, monkeypatch):
     async with Admin(dashboard.namesrv) as admin:
         for i in range(5):
             await admin.update_topic(f"PageT{i}", 4, 4)
@@ -137,6 +142,18 @@ async def test_api_topics_pages_through_filters_and_counts(dashboard, http_facto
             break
         await asyncio.sleep(0.2)
     assert rate is not None and 0 < rate <= 2 and data["topics"][0]["messagesIn"] == 5
+
+    # Topics of many queues make shorter pages (at most MAX_TOPIC_PAGE_QUEUES queue rows), never skipping one.
+    monkeypatch.setattr(inspect_processor, "MAX_TOPIC_PAGE_QUEUES", 5)  # 4 queues a topic: one topic a page
+    pages, after = [], ""
+    for _page in range(7):
+        status, data = await http.get_json("/api/topics?" + urlencode({"contains": "PageT", "after": after}))
+        pages.append([t["topic"] for t in data["topics"]])
+        after = data["next"]
+        if not after:
+            break
+    assert pages == [[f"PageT{i}"] for i in range(5)]
+    monkeypatch.undo()
 
     # System topics only when asked for.
     status, data = await http.get_json("/api/topics?size=200")
@@ -380,3 +397,67 @@ async def test_with_acl_the_topic_and_message_api_needs_a_signed_in_admin(dashbo
     assert [t["topic"] for t in data["topics"]] == ["AclT"]
     status, data = await http.get_json("/api/messages?topic=AclT")
     assert status == 200 and data["messages"] == []
+
+
+async def test_in_a_cluster_pages_merge_every_brokers_topics_and_messages(tmp_path, http_factory):
+    """Two brokers with their own name server, the dashboard served apart from them (halfmq dashboard -n)."""
+    cluster = await LocalCluster(tmp_path, namesrvs=1, brokers=2, broker_flags=("--dashboardPort=-1",)).start()
+    server = DashboardServer(DashboardSettings(namesrv=cluster.namesrv_addr, port=0))
+    await server.start()
+    try:
+        async with Admin(cluster.namesrv_addr) as admin:
+            await admin.update_topic("MergeBoth", 2, 2)  # on both brokers
+            for name in ("MergeA1", "MergeA2", "MergeA3"):
+                await admin.scoped("broker-0").update_topic(name, 1, 1)
+            for name in ("MergeB1", "MergeB2"):
+                await admin.scoped("broker-1").update_topic(name, 1, 1)
+
+            async def routed():
+                return {q["brokerName"] for q in (await admin.topic_route("MergeBoth"))["queueDatas"]} == {
+                    "broker-0", "broker-1"}
+            await until(routed, 15, "MergeBoth routed to both brokers")
+        http = http_factory(f"http://{server.addr}")
+        pages, after = [], ""
+        for _page in range(6):
+            status, data = await http.get_json("/api/topics?" + urlencode({"contains": "Merge", "size": 2,
+                                                                           "after": after}))
+            assert status == 200
+            pages.append([(t["topic"], [b["broker"] for b in t["brokers"]]) for t in data["topics"]])
+            after = data["next"]
+            if not after:
+                break
+        listed = [row for page in pages for row in page]
+        assert listed == [("MergeA1", ["broker-0"]), ("MergeA2", ["broker-0"]), ("MergeA3", ["broker-0"]),
+                          ("MergeB1", ["broker-1"]), ("MergeB2", ["broker-1"]),
+                          ("MergeBoth", ["broker-0", "broker-1"])]
+        assert all(len(page) <= 2 for page in pages) and data["totals"] == {"broker-0": 4, "broker-1": 3}
+
+        # Messages on both brokers: a key search finds them on each, browsing reads the queue of the one named.
+        sent = await _send(cluster.namesrv_addr, *[Message("MergeBoth", f"m{i}".encode(), keys="both")
+                                                   for i in range(4)])
+        assert {r.queue.broker_name for r in sent} == {"broker-0", "broker-1"}
+        status, data = await http.get_json("/api/messages?topic=MergeBoth&key=both")
+        assert sorted(m["offsetMsgId"] for m in data["messages"]) == sorted(r.offset_msg_id for r in sent)
+        on_b1 = [r for r in sent if r.queue.broker_name == "broker-1"]
+        status, data = await http.get_json("/api/messages?" + urlencode({
+            "topic": "MergeBoth", "broker": "broker-1", "queue": on_b1[0].queue.queue_id, "offset": 0}))
+        assert on_b1[0].offset_msg_id in [m["offsetMsgId"] for m in data["messages"]]
+        assert {m["broker"] for m in data["messages"]} == {"broker-1"}
+        status, data = await http.get_json(f"/api/messages/{on_b1[0].offset_msg_id}")
+        assert data["broker"] == "broker-1" and data["body"]["content"] == f"m{sent.index(on_b1[0])}"
+        status, data = await http.get_json("/api/topics/MergeBoth")
+        assert [b["broker"] for b in data["brokers"]] == ["broker-0", "broker-1"] and data["messages"] == 4
+
+        # A change on one broker, a deletion everywhere.
+        await http.page("/topics")
+        status, _body, _ = await http.post("/api/topics", {"topic": "MergeB1", "readQueues": "3", "broker": "broker-1"})
+        assert status == 200
+        status, data = await http.get_json("/api/topics/MergeB1")
+        assert [(b["broker"], b["readQueues"]) for b in data["brokers"]] == [("broker-1", 3)]
+        status, _body, _ = await http.post("/api/topics/MergeBoth/delete")
+        assert status == 200
+        status, data = await http.get_json("/api/topics/MergeBoth")
+        assert status == 404
+    finally:
+        await server.stop()
+        await cluster.stop()
