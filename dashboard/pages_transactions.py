@@ -18,7 +18,8 @@ from halfmq.client.errors import IllegalOperationError
 from halfmq.protocol.errors import MessageFormatError
 from halfmq.protocol.message import decode_offset_msg_id
 
-from .page import HISTORY, SETTINGS, admin_for, error_page, json_error, render
+from .page import HISTORY, SETTINGS, admin_for, render
+from .params import Refused, choice, integer, refusals
 
 routes = web.RouteTableDef()
 NAV = ("/transactions", "Transactions")
@@ -41,55 +42,27 @@ MAX_BUCKETS = 60
 DECISIONS = {"COMMITTED": "committed", "ROLLED_BACK": "rolledBack", "DISCARDED": "discarded"}
 
 
-class BadParam(Exception):
-    """A query parameter that cannot be used: answered 400 with this message."""
+def _served(path: str, build, template: str) -> None:
+    """``build`` (a data function) served as JSON at /api``path`` and as the page ``template`` at ``path``."""
+    async def api(request: web.Request) -> web.Response:
+        return web.json_response(await build(request))
 
+    async def page(request: web.Request) -> web.Response:
+        return render(request, template, await build(request))
 
-class NotFound(Exception):
-    """A half or broker that does not exist: answered 404 with this message."""
-
-
-class Conflict(Exception):
-    """An action the half's state does not allow (resuming a committed half): answered 409 with this message."""
-
-
-STATUS = {BadParam: 400, NotFound: 404, Conflict: 409}
-
-
-def _answer(template: str | None):
-    """Wraps a data function into a handler: its JSON (``template`` None) or the page rendered from it; a bad
-    parameter is a 400, a missing thing a 404, a refused action a 409, each with a message."""
-    def wrap(build):
-        async def handler(request: web.Request) -> web.Response:
-            try:
-                data = await build(request)
-            except (BadParam, NotFound, Conflict) as exc:
-                status = STATUS[type(exc)]
-                return json_error(status, str(exc)) if template is None else error_page(request, status, str(exc))
-            return web.json_response(data) if template is None else render(request, template, data)
-        return handler
-    return wrap
+    routes.get("/api" + path)(refusals(api))
+    routes.get(path)(refusals(page))
 
 
 def _size(request: web.Request) -> int:
-    text = request.query.get("size", str(PAGE_SIZE))
-    if not text.isdecimal() or not 1 <= int(text) <= MAX_PAGE_SIZE:
-        raise BadParam(f"size must be a whole number from 1 to {MAX_PAGE_SIZE}, not {text!r}")
-    return int(text)
-
-
-def _choice(request: web.Request, name: str, choices: dict, default: str) -> str:
-    value = request.query.get(name, default)
-    if value not in choices:
-        raise BadParam(f"{name} must be one of {', '.join(choices)}, not {value!r}")
-    return value
+    return integer(request.query, "size", PAGE_SIZE, 1, MAX_PAGE_SIZE)
 
 
 def _after(request: web.Request, sort: str) -> str | None:
     """The cursor of a page (the previous page's ``next``); its form depends on the sort it was made for."""
     after = request.query.get("after") or None
     if after is not None and not _CURSOR[sort.lstrip("-")].fullmatch(after):
-        raise BadParam(f"after {after!r} is not a cursor this list gave (sort {sort})")
+        raise Refused(400, f"after {after[:60]!r} is not a cursor this list gave (sort {sort})")
     return after
 
 
@@ -97,14 +70,14 @@ async def _broker(request: web.Request, admin: Admin) -> tuple[Broker, list[Brok
     """The broker a list is of (``broker``: its name; default the first master) and every master."""
     masters = await admin.masters()
     if not masters:
-        raise NotFound("the name servers know no broker")
+        raise Refused(404, "the name servers know no broker")
     name = request.query.get("broker")
     if name is None:
         return masters[0], masters
     for broker in masters:
         if broker.name == name:
             return broker, masters
-    raise BadParam(f"unknown broker {name!r}: the name servers know {', '.join(b.name for b in masters)}")
+    raise Refused(400, f"unknown broker {name[:60]!r}: the name servers know {', '.join(b.name for b in masters)}")
 
 
 async def _summaries(admin: Admin, masters: list[Broker]) -> list[dict]:
@@ -132,7 +105,7 @@ def _now_ms() -> int:
 async def pending(request: web.Request) -> dict:
     """One page of one broker's pending halves, with every broker's transaction figures."""
     size = _size(request)
-    sort = _choice(request, "sort", PENDING_SORTS, "due")
+    sort = choice(request.query, "sort", PENDING_SORTS, "due")
     after = _after(request, sort)
     admin = admin_for(request)
     broker, masters = await _broker(request, admin)
@@ -143,8 +116,7 @@ async def pending(request: web.Request) -> dict:
             "next": page["next"]}
 
 
-routes.get("/api/transactions")(_answer(None)(pending))
-routes.get("/transactions")(_answer("transactions.html")(pending))
+_served("/transactions", pending, "transactions.html")
 
 
 @routes.get("/api/transactions/series")
@@ -160,7 +132,7 @@ async def api_series(request: web.Request) -> web.Response:
 async def discarded(request: web.Request) -> dict:
     """One page of one broker's discarded halves (checks used up, or no producer for too long): resumable."""
     size = _size(request)
-    sort = _choice(request, "sort", DISCARDED_SORTS, "-store")
+    sort = choice(request.query, "sort", DISCARDED_SORTS, "-store")
     after = _after(request, sort)
     admin = admin_for(request)
     broker, masters = await _broker(request, admin)
@@ -176,8 +148,7 @@ async def discarded(request: web.Request) -> dict:
             "next": after}
 
 
-routes.get("/api/transactions/discarded")(_answer(None)(discarded))
-routes.get("/transactions/discarded")(_answer("transactions_discarded.html")(discarded))
+_served("/transactions/discarded", discarded, "transactions_discarded.html")
 
 
 # --- one half ---
@@ -186,14 +157,14 @@ def _msg_id(request: web.Request) -> str:
     try:
         decode_offset_msg_id(msg_id)
     except MessageFormatError as exc:
-        raise BadParam(str(exc)) from None
+        raise Refused(400, str(exc)) from None
     return msg_id
 
 
 async def _record(admin: Admin, msg_id: str) -> tuple[str, dict]:
     found = await admin.half_record(msg_id)
     if found is None:
-        raise NotFound(f"no half message {msg_id}: its broker keeps no transaction at that offset")
+        raise Refused(404, f"no half message {msg_id}: its broker keeps no transaction at that offset")
     return found
 
 
@@ -204,8 +175,7 @@ async def half(request: web.Request) -> dict:
     return {"now": _now_ms(), "addr": addr, "record": record, "resumed": "resumed" in request.query}
 
 
-routes.get("/api/transactions/half/{msg_id}")(_answer(None)(half))
-routes.get("/transactions/half/{msg_id}")(_answer("transactions_half.html")(half))
+_served("/transactions/half/{msg_id}", half, "transactions_half.html")
 
 
 async def _resume(request: web.Request) -> dict:
@@ -214,24 +184,25 @@ async def _resume(request: web.Request) -> dict:
     admin = admin_for(request)
     addr, record = await _record(admin, msg_id)
     if record["state"] not in ("DISCARDED", "PREPARED"):
-        raise Conflict(f"the transaction is already {record['state']}: there is nothing to resume")
+        raise Refused(409, f"the transaction is already {record['state']}: there is nothing to resume")
     try:
         await admin.resume_half(msg_id)
     except IllegalOperationError as exc:  # decided between the two requests
-        raise Conflict(exc.remark or str(exc)) from None
+        raise Refused(409, exc.remark or str(exc)) from None
     return {"resumed": msg_id, "broker": addr}
 
 
-routes.post("/api/transactions/half/{msg_id}/resume")(_answer(None)(_resume))
+@routes.post("/api/transactions/half/{msg_id}/resume")
+@refusals
+async def api_resume(request: web.Request) -> web.Response:
+    return web.json_response(await _resume(request))
 
 
 @routes.post("/transactions/half/{msg_id}/resume")
+@refusals
 async def resume_form(request: web.Request) -> web.Response:
     """The Resume button: resumes, then shows the half's page saying so."""
-    try:
-        data = await _resume(request)
-    except (BadParam, NotFound, Conflict) as exc:
-        return error_page(request, STATUS[type(exc)], str(exc))
+    data = await _resume(request)
     raise web.HTTPSeeOther(f"/transactions/half/{data['resumed']}?resumed=1")
 
 
@@ -262,7 +233,8 @@ def audit(records: list[dict], now_ms: int) -> dict:
                                                     g["group"]))
     since = min((row["storeTimestamp"] for row in records), default=now_ms)
     bucket_ms = _bucket_s(now_ms - since) * 1000
-    first = since // bucket_ms * bucket_ms
+    # older decisions than MAX_BUCKETS buckets of the largest size are left out of the charts
+    first = max(since, now_ms - bucket_ms * MAX_BUCKETS) // bucket_ms * bucket_ms
     charted = {g["group"] for g in ranked[:AUDIT_CHART_GROUPS]}
     times = range(first, now_ms + 1, bucket_ms)
     series: dict[str, dict[str, dict[int, int]]] = {}
@@ -305,10 +277,7 @@ async def groups(request: web.Request) -> dict:
     """Per producer group of one broker: how its newest transactions ended (a page of the groups, most decisions
     first)."""
     size = _size(request)
-    page_text = request.query.get("page", "1")
-    if not page_text.isdecimal() or int(page_text) < 1:
-        raise BadParam(f"page must be a whole number from 1, not {page_text!r}")
-    page = int(page_text)
+    page = integer(request.query, "page", 1, 1, 1_000_000)
     admin = admin_for(request)
     broker, masters = await _broker(request, admin)
     result = await _audit(request, admin, broker)
@@ -319,8 +288,7 @@ async def groups(request: web.Request) -> dict:
             "groups": rows[(page - 1) * size:page * size], "now": _now_ms()}
 
 
-routes.get("/api/transactions/groups")(_answer(None)(groups))
-routes.get("/transactions/groups")(_answer("transactions_groups.html")(groups))
+_served("/transactions/groups", groups, "transactions_groups.html")
 
 
 async def group_series(request: web.Request) -> dict:
@@ -331,4 +299,7 @@ async def group_series(request: web.Request) -> dict:
     return (await _audit(request, admin, broker))["series"]
 
 
-routes.get("/api/transactions/groups/series")(_answer(None)(group_series))
+@routes.get("/api/transactions/groups/series")
+@refusals
+async def api_group_series(request: web.Request) -> web.Response:
+    return web.json_response(await group_series(request))

@@ -13,8 +13,8 @@ from aiohttp import web
 from halfmq.client.admin import Admin
 from halfmq.client.errors import ClientError, NoPermissionError
 
-from . import (pages_config, pages_groups, pages_login, pages_messages, pages_overview, pages_producers,
-               pages_topics)
+from . import (pages_config, pages_groups, pages_login, pages_messages, pages_overview, pages_producers, pages_topics,
+               pages_transactions)
 from .auth import COOKIE, SAFE_METHODS, Sessions, csrf_ok
 from .history import History
 from .page import HISTORY, NAV, SESSIONS, SETTINGS, SHARED_ADMIN, TEMPLATES, error_page, json_error
@@ -25,7 +25,7 @@ HERE = Path(__file__).parent
 #: Page modules: each has ``routes`` (a web.RouteTableDef of its pages and /api endpoints) and, optionally,
 #: ``NAV`` (its menu entry: (path, title)).
 PAGE_MODULES = [pages_login, pages_overview, pages_topics, pages_groups, pages_producers, pages_messages,
-                pages_config]
+                pages_transactions, pages_config]
 PUBLIC = ("/login", "/static/")  #: served before sign-in
 
 

@@ -10,6 +10,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import WebDriverWait
 
+from halfmq.broker.processors import inspect as inspect_processor
 from halfmq.client import LocalTransactionState, Message, PullConsumer, PullStatus, TransactionProducer
 from halfmq.protocol import properties as P
 from halfmq.protocol.codes import TransactionResolution
@@ -196,6 +197,23 @@ async def test_discarded_halves_resume_over_the_api_with_its_refusals(dashboard_
     assert status == 400 and "offsetMsgId" in text
 
 
+async def test_a_page_of_discarded_halves_looks_at_a_bounded_part_of_the_table(dashboard_factory, http_factory,
+                                                                               monkeypatch):
+    dash = await dashboard_factory(transactionTimeOut=HOUR_MS)
+    # Each broker request passes over 10 rows at most here: a page of the dashboard (4 requests) over 40.
+    monkeypatch.setattr(inspect_processor, "MAX_SCAN", 10)
+    offsets = await prepare(dash.broker, 60)
+    await dash.broker.ctx.transactions.discard(offsets[45], max_checks=0)
+    http = http_factory(dash.url)
+    status, first = await http.get_json("/api/transactions/discarded?sort=store")
+    assert status == 200 and first["halves"] == [] and first["next"] == str(offsets[39])
+    status, text = await http.page("/transactions/discarded?sort=store")
+    assert "No discarded half in this part of the table" in text and 'id="next-page"' in text
+    status, second = await http.get_json(f"/api/transactions/discarded?sort=store&after={first['next']}")
+    assert [h["offsetMsgId"] for h in second["halves"]] == [msg_id(dash.broker, offsets[45])]
+    assert second["next"] is None
+
+
 async def test_per_group_figures_count_how_the_newest_transactions_ended(dashboard_factory, http_factory):
     dash = await dashboard_factory(transactionTimeOut=HOUR_MS)
     broker = dash.broker
@@ -254,7 +272,7 @@ async def test_bad_parameters_are_refused_with_a_message(dashboard, http_factory
         status, data = await http.get_json(path)
         assert status == 400 and words in data["error"], (path, data)
     status, text = await http.page("/transactions?sort=bogus")
-    assert status == 400 and "sort must be one of" in text
+    assert status == 400 and "sort &#39;bogus&#39; is not one of" in text
 
 
 async def test_with_acl_every_endpoint_wants_a_signed_in_admin(dashboard_factory, http_factory, tmp_path):
