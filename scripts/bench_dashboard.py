@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import sys
 import time
@@ -103,7 +104,11 @@ async def fill(args, namesrv: str, broker_addr: str) -> dict:
         async with TransactionProducer(f"PG_BENCH_DASH_{g}", listener, namesrv) as tx:
             await gather_bounded(32, (tx.send_message_in_transaction(Message(TOPIC.format(g), b"decided"))
                                       for _ in range(args.decided)), f"decided ({g})", args.decided)
-    print(f"filled in {time.perf_counter() - started:.0f} s", flush=True)
+    async with Admin(namesrv) as admin:
+        table = await admin.broker_status(broker_addr)
+        groups = len([t for t in await admin.topic_list() if t.startswith("%RETRY%")])
+    print(f"filled in {time.perf_counter() - started:.0f} s: the broker holds {table['topics']} topics, {groups} "
+          f"consumer groups, {table['pendingHalfMessages']} pending halves", flush=True)
     return {"topic": TOPIC.format(1), "group": GROUP.format(1), "message": sent[0].offset_msg_id,
             "half": halves[len(halves) // 2]}
 
@@ -277,6 +282,8 @@ async def run(args) -> None:
         for name, figures in phases.items():
             print(f"  {name:<56} p50 {figures['p50']:6.2f} ms  p99 {figures['p99']:7.2f} ms  "
                   f"max {figures['max']:7.2f} ms  ({figures['n']} probes)", flush=True)
+        print("load average (1, 5, 15 min): %.1f %.1f %.1f on %d cores" % (*os.getloadavg(), os.cpu_count()),
+              flush=True)
         slow = [r for r in rows if r["p99"] > TARGET_MS]
         print(f"\n{len(rows) - len(slow)} of {len(rows)} under {TARGET_MS:.0f} ms at p99"
               + (": over it: " + ", ".join(f"{r['path']} ({r['p99']:.0f} ms)" for r in slow) if slow else ""),
