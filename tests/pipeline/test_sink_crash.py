@@ -161,10 +161,10 @@ class Driver:
 
     def _reap_tree(self) -> None:
         # The sink's owner process left the driver's tree on purpose; it ends when it sees the JVM gone.
-        wait_until(lambda: not _owners(self.namesrv), 60, "the sink's owner process to end", 0.05)
+        wait_until(lambda: not owners(self.namesrv), 60, "the sink's owner process to end", 0.05)
 
 
-def _owners(namesrv: str) -> list[int]:
+def owners(namesrv: str) -> list[int]:
     """The sink owner processes of this test's broker (another test run may have its own)."""
     found = []
     for name in os.listdir("/proc"):
