@@ -55,13 +55,15 @@ async def run_broker(config) -> None:
     await broker.stop()
 
 
-def broker_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="halfmq broker", description="Run the halfmq broker.",
-                                     epilog="Any configuration key can be given as --KEY=VALUE; see conf/broker.conf.")
-    parser.add_argument("-c", "--config", help="broker.conf (Java properties, RocketMQ key names)")
+def _serve(prog: str, description: str, epilog: str, load, run, argv: list[str]) -> int:
+    """The broker's and the name server's command line alike: ``-c FILE`` and ``--KEY=VALUE`` flags loaded by
+    ``load``, logging at the configured level, ``run(config)`` on the event loop; exit 2 for a configuration error,
+    1 when it cannot start (each one line naming what to fix), 0 after a clean stop."""
+    parser = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog)
+    parser.add_argument("-c", "--config", help="a properties file (Java properties, RocketMQ key names)")
     args, rest = parser.parse_known_args(argv)
     try:
-        config = load_config(args.config, rest)
+        config = load(args.config, rest)
     except ConfigError as exc:
         print(f"halfmq: configuration error: {exc}", file=sys.stderr)
         return 2
@@ -69,19 +71,22 @@ def broker_main(argv: list[str]) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     loop = new_event_loop()
     try:
-        loop.run_until_complete(run_broker(config))
+        loop.run_until_complete(run(config))
     except (ConfigError, AclConfigError) as exc:
         print(f"halfmq: configuration error: {exc}", file=sys.stderr)
         return 2
-    except (StoreLockedError, CorruptStoreError, StartError) as exc:
-        print(f"halfmq: cannot start: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
+    except (StoreLockedError, CorruptStoreError, StartError, OSError) as exc:
         print(f"halfmq: cannot start: {exc}", file=sys.stderr)
         return 1
     finally:
         loop.close()
     return 0
+
+
+def broker_main(argv: list[str]) -> int:
+    return _serve("halfmq broker", "Run the halfmq broker.",
+                  "Any configuration key can be given as --KEY=VALUE; see conf/broker.conf.", load_config, run_broker,
+                  argv)
 
 
 async def run_namesrv(config) -> None:
@@ -101,30 +106,9 @@ async def run_namesrv(config) -> None:
 
 def namesrv_main(argv: list[str]) -> int:
     from .namesrv.config import load_namesrv_config
-    parser = argparse.ArgumentParser(prog="halfmq namesrv", description="Run a standalone halfmq name server.",
-                                     epilog="Any key of broker/namesrv/config.py can be given as --KEY=VALUE, e.g. "
-                                            "--listenPort=9876; HALFMQ_NAMESRV_<KEY> variables too.")
-    parser.add_argument("-c", "--config", help="namesrv.conf (Java properties, RocketMQ key names)")
-    args, rest = parser.parse_known_args(argv)
-    try:
-        config = load_namesrv_config(args.config, rest)
-    except ConfigError as exc:
-        print(f"halfmq: configuration error: {exc}", file=sys.stderr)
-        return 2
-    logging.basicConfig(level=config.logLevel, stream=sys.stdout,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    loop = new_event_loop()
-    try:
-        loop.run_until_complete(run_namesrv(config))
-    except AclConfigError as exc:
-        print(f"halfmq: configuration error: {exc}", file=sys.stderr)
-        return 2
-    except (StartError, OSError) as exc:
-        print(f"halfmq: cannot start: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        loop.close()
-    return 0
+    return _serve("halfmq namesrv", "Run a standalone halfmq name server.",
+                  "Any key of broker/namesrv/config.py can be given as --KEY=VALUE, e.g. --listenPort=9876; "
+                  "HALFMQ_NAMESRV_<KEY> variables too.", load_namesrv_config, run_namesrv, argv)
 
 
 def main(argv: list[str] | None = None) -> int:
