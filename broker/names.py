@@ -115,6 +115,19 @@ def validate_topic_name(name: object) -> None:
     check_topic(name)
 
 
+#: A broker's or cluster's name (brokerName, brokerClusterName): every client, tool and page shows it, so nothing in
+#: it may read as markup or as a separator; RocketMQ's topic bound.
+BROKER_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,127}")
+
+
+def check_broker_name(value: str, field: str) -> str:
+    """Raises BrokerError (SYSTEM_ERROR) naming ``field`` when ``value`` is not a broker or cluster name."""
+    if not BROKER_NAME.fullmatch(value):
+        raise BrokerError(ResponseCode.SYSTEM_ERROR, f"{field} {_show(value[:64])} is not a name (1..127 of "
+                                                     f"A-Z a-z 0-9 _ - .)")
+    return value
+
+
 def check_group(value: object, field: str = "group", code: int = ResponseCode.SYSTEM_ERROR) -> str:
     """A consumer or producer group: 1-120 characters of [%|a-zA-Z0-9_-], so %RETRY%<group> is a valid topic.
 

@@ -30,6 +30,8 @@ from .processors.pull import PullProcessor
 from .processors.send import SendProcessor
 from .messaging.consumer import ConsumerService
 from .messaging.producer import ProducerService
+from .errors import BrokerError
+from .names import check_broker_name
 from .namesrv.link import parse_namesrv_addrs
 from .namesrv.processor import NameServerProcessor
 from .namesrv.registration import LocalTopics, Registrar
@@ -162,6 +164,11 @@ class Broker:
         self.dispatcher.authorize = validator.check
         tls = self._tls_context()
         parse_namesrv_addrs(cfg.namesrvAddr)
+        for key in ("brokerName", "brokerClusterName"):  # routes, message properties and pages show them
+            try:
+                check_broker_name(getattr(cfg, key), key)
+            except BrokerError as exc:
+                raise ConfigError(exc.remark) from None
         if not cfg.brokerIP1 and ":" in cfg.bindAddress and cfg.bindAddress not in WILDCARDS:
             raise ConfigError(f"bindAddress {cfg.bindAddress} is one IPv6 address: set brokerIP1 to the IPv4 address "
                               f"clients reach the broker at (message ids and routes carry an IPv4 address)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 import zlib
 
@@ -16,12 +17,13 @@ from halfmq.protocol.headers import (DeleteTopicFromNamesrvRequestHeader, GetTop
                                      UnregisterBrokerRequestHeader)
 
 from ..errors import BrokerError
-from ..names import check_topic
+from ..names import check_broker_name, check_topic
 from .routes import BrokerEntry, QueueData, RouteTable
 
 log = logging.getLogger(__name__)
 _ALL_PERMS = Perm.PRIORITY | Perm.READ | Perm.WRITE | Perm.INHERIT
-_NAME_LIMIT = 255  #: broker and cluster names: RocketMQ's topic bound, as they appear in the same routes
+#: An address every client, tool and page shows and connects to: nothing in it may read as markup or a separator.
+_ADDR = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.\-]{1,253}):[0-9]{1,5}")
 
 
 class NameServerProcessor:
@@ -65,10 +67,12 @@ class NameServerProcessor:
 
     def register_broker(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         header = RegisterBrokerRequestHeader.from_ext(cmd.ext_fields)
-        for field, value in (("brokerName", header.brokerName), ("clusterName", header.clusterName)):
-            if not value or len(value) > _NAME_LIMIT or any(c in value for c in "\r\n\0;"):
-                raise BrokerError(ResponseCode.SYSTEM_ERROR, f"REGISTER_BROKER: {field} {value[:64]!r} is not a "
-                                                             f"name (1..{_NAME_LIMIT} characters)")
+        check_broker_name(header.brokerName, "REGISTER_BROKER: brokerName")
+        check_broker_name(header.clusterName, "REGISTER_BROKER: clusterName")
+        for field, value in (("brokerAddr", header.brokerAddr), ("grpcAddr", header.grpcAddr or "127.0.0.1:1")):
+            if not _ADDR.fullmatch(value) or not 0 < int(value.rpartition(":")[2]) < 65536:
+                raise BrokerError(ResponseCode.SYSTEM_ERROR, f"REGISTER_BROKER: {field} {value[:64]!r} is not "
+                                                             f"HOST:PORT")
         if header.brokerId != 0:
             raise BrokerError(ResponseCode.SYSTEM_ERROR, f"REGISTER_BROKER: brokerId {header.brokerId}: only masters "
                                                          f"(0) join, halfmq has no followers yet")

@@ -127,6 +127,8 @@ def _registration(name="b-x", broker_id=0, body: bytes | None = None, **extra) -
     ("bad_crc", "bodyCrc32"),
     ("bad_topic", "topic"),
     ("bad_name", "brokerName"),
+    ("markup_name", "brokerName"),
+    ("bad_addr", "brokerAddr"),
 ])
 async def test_bad_registrations_are_refused_with_a_reason(case, needle):
     namesrv = await NamesrvProcess("--namesrvMaxTopicsPerBroker=3").start()
@@ -143,6 +145,8 @@ async def test_bad_registrations_are_refused_with_a_reason(case, needle):
             "bad_topic": lambda: _registration(body=json.dumps({"topicConfigSerializeWrapper": {
                 "topicConfigTable": {"bad topic!": {"readQueueNums": 1, "writeQueueNums": 1, "perm": 6}}}}).encode()),
             "bad_name": lambda: _registration(name="a\nb"),
+            "markup_name": lambda: _registration(name="<img src=x onerror=alert(1)>"),
+            "bad_addr": lambda: (_registration()[0] | {"brokerAddr": "evil host:80"}, _registration()[1]),
         }[case]()
         answer = await client.request(RequestCode.REGISTER_BROKER, ext, body)
         assert answer.code == ResponseCode.SYSTEM_ERROR and needle in answer.remark, (answer.code, answer.remark)
