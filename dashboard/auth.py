@@ -69,3 +69,33 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 def csrf_ok(request: web.Request, session: Session, form_token: str | None) -> bool:
     sent = request.headers.get("X-CSRF-Token") or form_token or ""
     return hmac.compare_digest(sent.encode(), session.csrf.encode())
+
+
+class LoginFailures:
+    """Failed sign-ins per client address: after ``limit`` within ``window_s`` that address is refused until the
+    window has passed, so a secret key cannot be guessed at the speed of the brokers' answers (each try costs them
+    an admin request). Bounded: the least recently failing addresses are forgotten first."""
+
+    def __init__(self, limit: int = 5, window_s: float = 60.0, max_hosts: int = 10_000):
+        self.limit, self.window_s, self.max_hosts = limit, window_s, max_hosts
+        self.by_host: dict[str, list[float]] = {}
+
+    def _recent(self, host: str) -> list[float]:
+        cutoff = time.monotonic() - self.window_s
+        times = [t for t in self.by_host.get(host, ()) if t > cutoff]
+        if times:
+            self.by_host[host] = times
+        else:
+            self.by_host.pop(host, None)
+        return times
+
+    def refused(self, host: str) -> bool:
+        return len(self._recent(host)) >= self.limit
+
+    def failed(self, host: str) -> None:
+        times = self._recent(host)
+        self.by_host.pop(host, None)  # re-inserted last: dict order is least recently failing first
+        self.by_host[host] = times + [time.monotonic()]
+        while len(self.by_host) > self.max_hosts:
+            del self.by_host[next(iter(self.by_host))]
+

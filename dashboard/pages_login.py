@@ -8,7 +8,10 @@ from halfmq.client.errors import ClientError, NoPermissionError
 from halfmq.client.remoting import Credentials
 
 from .auth import COOKIE
+from .auth import LoginFailures
 from .page import SESSIONS, SETTINGS, render
+
+LOGIN_FAILURES = web.AppKey("login_failures", LoginFailures)
 
 routes = web.RouteTableDef()
 
@@ -32,12 +35,18 @@ async def login(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
     if not settings.acl:
         raise web.HTTPFound(target)
+    failures = request.app[LOGIN_FAILURES]
+    host = request.remote or ""
+    if failures.refused(host):
+        return render(request, "login.html", {"error": f"Too many failed sign-ins from {host}: wait a minute.",
+                                              "next": target}, status=429)
     credentials = Credentials(str(form.get("accessKey", "")), str(form.get("secretKey", "")))
     admin = Admin(settings.namesrv, credentials=credentials, timeout=settings.request_timeout_s)
     try:
         await admin.broker_status((await admin.brokers())[0].addr)  # an admin request: only admins get an answer
     except NoPermissionError:
         await admin.close()
+        failures.failed(host)
         return render(request, "login.html", {"error": "This account is unknown, its secret key is wrong, or it is "
                                                         "not an admin account.", "next": target}, status=403)
     except ClientError as exc:

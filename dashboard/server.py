@@ -15,7 +15,7 @@ from halfmq.client.errors import ClientError, NoPermissionError
 
 from . import (pages_config, pages_groups, pages_login, pages_messages, pages_overview, pages_producers, pages_topics,
                pages_transactions)
-from .auth import COOKIE, SAFE_METHODS, Sessions, csrf_ok
+from .auth import COOKIE, SAFE_METHODS, LoginFailures, Sessions, csrf_ok
 from .history import History
 from .page import HISTORY, NAV, SESSIONS, SETTINGS, SHARED_ADMIN, TEMPLATES, error_page, json_error
 from .settings import DashboardSettings
@@ -76,6 +76,7 @@ def build_app(settings: DashboardSettings) -> web.Application:
     app[SESSIONS] = Sessions(settings.session_ttl_s)
     app[SHARED_ADMIN] = Admin(settings.namesrv, timeout=settings.request_timeout_s)
     app[HISTORY] = History(settings)
+    app[pages_login.LOGIN_FAILURES] = LoginFailures()
     app[TEMPLATES] = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"),
                                         autoescape=True)
     app[NAV] = [module.NAV for module in PAGE_MODULES if hasattr(module, "NAV")]

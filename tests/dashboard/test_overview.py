@@ -69,3 +69,16 @@ async def test_with_acl_only_admin_accounts_sign_in(dashboard_factory, http_fact
     assert status == 200 and data["brokers"][0]["up"]
     status, text = await http.page("/")
     assert status == 200 and "ops" in text and http.csrf != before  # a new session after sign-in
+
+
+async def test_sign_in_attempts_are_limited_per_client(dashboard_factory, http_factory, tmp_path):
+    acl = tmp_path / "plain_acl.yml"
+    acl.write_text("accounts:\n  - accessKey: ops\n    secretKey: ops-secret-1\n    admin: true\n")
+    dash = await dashboard_factory(aclEnable=True, aclConfigFile=str(acl), dashboardBindAddress="127.0.0.1")
+    http = http_factory(dash.url)
+    await http.page("/login")
+    for _ in range(5):
+        status, _text, _ = await http.post("/login", {"accessKey": "ops", "secretKey": "guess"})
+        assert status == 403
+    status, text, _ = await http.post("/login", {"accessKey": "ops", "secretKey": "ops-secret-1"})
+    assert status == 429 and "Too many failed sign-ins" in text  # even the right key waits out the window
