@@ -82,3 +82,33 @@ async def test_sign_in_attempts_are_limited_per_client(dashboard_factory, http_f
         assert status == 403
     status, text, _ = await http.post("/login", {"accessKey": "ops", "secretKey": "ops-secret-1"})
     assert status == 429 and "Too many failed sign-ins" in text  # even the right key waits out the window
+
+
+async def test_halfmq_dashboard_serves_a_cluster_from_a_process_of_its_own(dashboard_factory, http_factory):
+    import re
+    import signal
+    import sys
+
+    dash = await dashboard_factory(dashboardPort=-1)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "halfmq.broker.cli", "dashboard", "-n", dash.namesrv, "--dashboardPort=0",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), 30)
+        match = re.search(rb"halfmq dashboard ready: (http://127\.0\.0\.1:\d+)/", line)
+        assert match, line
+        http = http_factory(match.group(1).decode())
+        status, data = await http.get_json("/api/overview")
+        assert status == 200 and [b["addr"] for b in data["brokers"]] == [dash.broker.addr]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 20) == 0
+
+
+async def test_halfmq_dashboard_refuses_a_bad_port():
+    import sys
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "halfmq.broker.cli", "dashboard", "-n", "127.0.0.1:9876", "--dashboardPort=70000",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 2 and b"--dashboardPort" in err
