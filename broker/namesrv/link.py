@@ -9,6 +9,7 @@ import itertools
 from halfmq.protocol.command import RemotingCommand, decode_command
 from halfmq.protocol.frame import FrameDecoder
 
+from ..acl import signature
 from ..config import ConfigError
 
 _MAX_ANSWER = 64 << 20  #: a route or cluster answer; a peer that announces more is not a name server
@@ -29,6 +30,15 @@ def parse_namesrv_addrs(text: str) -> list[tuple[str, int]]:
             raise ConfigError(f"namesrvAddr: {item!r} is not HOST:PORT (name servers are separated by ';')")
         addrs.append((host.strip("[]"), int(port)))
     return addrs
+
+
+def signed(cmd: RemotingCommand, config) -> RemotingCommand:
+    """``cmd`` signed with the broker's namesrvAccessKey when it is set: name servers with aclEnable take signed
+    requests only (registrations and route lookups alike)."""
+    if config.namesrvAccessKey:
+        cmd.ext_fields["AccessKey"] = config.namesrvAccessKey
+        cmd.ext_fields["Signature"] = signature(config.namesrvSecretKey, cmd.ext_fields, cmd.body)
+    return cmd
 
 
 class NamesrvLink:

@@ -19,9 +19,8 @@ from halfmq.protocol.codes import RequestCode, ResponseCode
 from halfmq.protocol.command import RemotingCommand
 from halfmq.protocol.headers import TopicRequestHeader
 
-from ..acl import signature
 from ..log_limit import LimitedLog
-from .link import NamesrvLink, parse_namesrv_addrs
+from .link import NamesrvLink, parse_namesrv_addrs, signed
 
 log = logging.getLogger(__name__)
 ROUTE_TTL_S = 5.0
@@ -82,7 +81,7 @@ class RouteLookup:
 
     def __init__(self, config):
         self.links = [NamesrvLink(addr.strip()) for addr in config.namesrvAddr.split(";") if addr.strip()]
-        self._access_key, self._secret_key = config.namesrvAccessKey, config.namesrvSecretKey
+        self.config = config
         self._first = 0  #: the name server that answered last is asked first
         self._cache: OrderedDict[str, tuple[float, tuple[BrokerQueues, ...] | None]] = OrderedDict()
         self._pending: dict[str, asyncio.Future] = {}
@@ -142,11 +141,8 @@ class RouteLookup:
         raise NoNameServerAnswered(message)
 
     def _request(self, topic: str) -> RemotingCommand:
-        cmd = RemotingCommand(RequestCode.GET_ROUTEINFO_BY_TOPIC, ext_fields=TopicRequestHeader(topic=topic).to_ext())
-        if self._access_key:  # name servers with aclEnable take signed requests only, reads too
-            cmd.ext_fields["AccessKey"] = self._access_key
-            cmd.ext_fields["Signature"] = signature(self._secret_key, cmd.ext_fields, cmd.body)
-        return cmd
+        return signed(RemotingCommand(RequestCode.GET_ROUTEINFO_BY_TOPIC,
+                                      ext_fields=TopicRequestHeader(topic=topic).to_ext()), self.config)
 
     def _keep(self, topic: str, brokers: tuple[BrokerQueues, ...] | None) -> None:
         now = time.monotonic()

@@ -13,9 +13,8 @@ from halfmq.protocol.codes import RequestCode, ResponseCode
 from halfmq.protocol.command import RemotingCommand
 from halfmq.protocol.headers import RegisterBrokerRequestHeader, UnregisterBrokerRequestHeader
 
-from ..acl import signature
 from ..topics import TopicConfig
-from .link import NamesrvLink
+from .link import NamesrvLink, signed
 from .routes import QueueData
 
 log = logging.getLogger(__name__)
@@ -88,13 +87,6 @@ class Registrar:
             self._changed.clear()
             await asyncio.gather(*(self._register(link) for link in self.links))
 
-    def _signed(self, cmd: RemotingCommand) -> RemotingCommand:
-        cfg = self.config
-        if cfg.namesrvAccessKey:
-            cmd.ext_fields["AccessKey"] = cfg.namesrvAccessKey
-            cmd.ext_fields["Signature"] = signature(cfg.namesrvSecretKey, cmd.ext_fields, cmd.body)
-        return cmd
-
     async def _register(self, link: NamesrvLink) -> None:
         cfg = self.config
         body = registration_body(self.topics)
@@ -102,7 +94,7 @@ class Registrar:
             brokerName=cfg.brokerName, brokerAddr=self.broker_addr, clusterName=cfg.brokerClusterName,
             haServerAddr="", brokerId=cfg.brokerId, heartbeatTimeoutMillis=cfg.brokerNotActiveTimeoutMillis,
             compressed=False, bodyCrc32=zlib.crc32(body) & 0x7FFFFFFF, grpcAddr=self.grpc_addr or None)
-        cmd = self._signed(RemotingCommand(RequestCode.REGISTER_BROKER, ext_fields=header.to_ext(), body=body))
+        cmd = signed(RemotingCommand(RequestCode.REGISTER_BROKER, ext_fields=header.to_ext(), body=body), cfg)
         try:
             answer = await link.request(cmd, REQUEST_TIMEOUT_S)
         except (OSError, ConnectionError, asyncio.TimeoutError) as exc:
@@ -128,7 +120,7 @@ class Registrar:
                                                clusterName=cfg.brokerClusterName, brokerId=cfg.brokerId)
 
         async def leave(link: NamesrvLink) -> None:
-            cmd = self._signed(RemotingCommand(RequestCode.UNREGISTER_BROKER, ext_fields=header.to_ext()))
+            cmd = signed(RemotingCommand(RequestCode.UNREGISTER_BROKER, ext_fields=header.to_ext()), cfg)
             try:
                 await link.request(cmd, 2.0)
             except (OSError, ConnectionError, asyncio.TimeoutError):
