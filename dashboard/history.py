@@ -56,6 +56,11 @@ class History:
     def get(self, name: str) -> list[tuple[int, float]]:
         return list(self.series.get(name, ()))
 
+    def broker_series(self, kinds: tuple[str, ...]) -> dict[str, dict[str, list[tuple[int, float]]]]:
+        """{broker: {kind: samples}} for every broker sampled so far: the shape the pages' charts draw."""
+        brokers = sorted({name.split(":")[1] for name in self.series if name.startswith("broker:")})
+        return {b: {kind: self.get(f"broker:{b}:{kind}") for kind in kinds} for b in brokers}
+
     async def _run(self) -> None:
         while not self._stop.is_set():
             admin = self._admin()

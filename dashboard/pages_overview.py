@@ -54,9 +54,7 @@ async def api_overview(request: web.Request) -> web.Response:
 @routes.get("/api/overview/series")
 async def api_series(request: web.Request) -> web.Response:
     """Each broker's sends/s, pulls/s, check-backs/s and pending halves: {broker: {series: [[unix ms, value]]}}."""
-    history = request.app[HISTORY]
-    brokers = sorted({name.split(":")[1] for name in history.series if name.startswith("broker:")})
-    return web.json_response({b: {s: history.get(f"broker:{b}:{s}") for s in SERIES} for b in brokers})
+    return web.json_response(request.app[HISTORY].broker_series(SERIES))
 
 
 @routes.get("/")

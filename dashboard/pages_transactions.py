@@ -122,10 +122,7 @@ _served("/transactions", pending, "transactions.html")
 @routes.get("/api/transactions/series")
 async def api_series(request: web.Request) -> web.Response:
     """Each broker's pending halves and check-backs/s as sampled: {broker: {pending|checks: [[unix ms, value]]}}."""
-    history = request.app[HISTORY]
-    brokers = sorted({name.split(":")[1] for name in history.series if name.startswith("broker:")})
-    return web.json_response({b: {s: history.get(f"broker:{b}:{s}") for s in ("pending", "checks")}
-                              for b in brokers})
+    return web.json_response(request.app[HISTORY].broker_series(("pending", "checks")))
 
 
 # --- discarded halves ---
