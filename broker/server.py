@@ -124,6 +124,13 @@ class Broker:
 
     async def start(self) -> None:
         cfg = self.config
+        # Refused before anything is made: a bad name or address leaves no store folder behind.
+        parse_namesrv_addrs(cfg.namesrvAddr)
+        for key in ("brokerName", "brokerClusterName"):  # routes, message properties and pages show them
+            try:
+                check_broker_name(getattr(cfg, key), key)
+            except BrokerError as exc:
+                raise ConfigError(exc.remark) from None
         loop = asyncio.get_running_loop()
         self.store = MessageStore(StoreConfig(root=cfg.storePathRootDir, map_size=cfg.mapSize,
                                               max_map_size=cfg.maxMapSize, flush_disk_type=cfg.flushDiskType,
@@ -163,12 +170,6 @@ class Broker:
         validator = ctx.acl = AccessValidator(load_accounts(cfg.aclConfigFile) if cfg.aclEnable else None)
         self.dispatcher.authorize = validator.check
         tls = self._tls_context()
-        parse_namesrv_addrs(cfg.namesrvAddr)
-        for key in ("brokerName", "brokerClusterName"):  # routes, message properties and pages show them
-            try:
-                check_broker_name(getattr(cfg, key), key)
-            except BrokerError as exc:
-                raise ConfigError(exc.remark) from None
         if not cfg.brokerIP1 and ":" in cfg.bindAddress and cfg.bindAddress not in WILDCARDS:
             raise ConfigError(f"bindAddress {cfg.bindAddress} is one IPv6 address: set brokerIP1 to the IPv4 address "
                               f"clients reach the broker at (message ids and routes carry an IPv4 address)")

@@ -76,6 +76,17 @@ def test_cli_refuses_unknown_key_naming_it():
     assert "noSuchKey" in result.stderr
 
 
+@pytest.mark.parametrize("flag", ["--brokerName=a<b>", "--brokerClusterName=x;y", "--namesrvAddr=host-without-port"])
+def test_cli_refuses_a_bad_broker_name_or_name_server_address_before_making_a_store(tmp_path, flag):
+    store = tmp_path / "store"
+    result = run_cli("broker", "--bindAddress=127.0.0.1", "--listenPort=0", "--namesrvListenPort=-1",
+                     "--dashboardPort=-1", "--grpcListenPort=-1", "--metricsPromExporterPort=-1",
+                     f"--storePathRootDir={store}", flag)
+    assert result.returncode == 2, result
+    assert flag.split("=")[0].lstrip("-") in result.stderr
+    assert not store.exists()
+
+
 def test_cli_starts_logs_effective_config_and_stops_on_sigterm(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "halfmq.broker.cli", "broker", "--bindAddress=127.0.0.1",
                              "--listenPort=0", "--namesrvListenPort=0", f"--storePathRootDir={tmp_path}",
