@@ -162,7 +162,10 @@ class Producer:
             for offset in range(len(queues)):
                 candidate = queues[(start + offset) % len(queues)]
                 until = self._isolated.get(candidate.broker_name)
-                if until is None or until <= now:
+                if until is None:
+                    return candidate
+                if until <= now:  # served its time: sends stop looking it up
+                    del self._isolated[candidate.broker_name]
                     return candidate
         return queues[start % len(queues)]
 
