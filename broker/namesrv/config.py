@@ -20,6 +20,9 @@ class NamesrvConfig:
                                   default=1024, meta={"min": 1})
     namesrvMaxTopicsPerBroker: int = _doc("topics one broker's registration may carry; a larger one is refused",
                                           default=100_000, meta={"min": 1})
+    namesrvMaxTopicEntries: int = _doc("topics a name server keeps over all its brokers together (each broker's "
+                                       "count once); a registration that would pass it is refused",
+                                       default=1_000_000, meta={"min": 1})
     aclEnable: bool = same_key("aclEnable", doc="registrations (REGISTER_BROKER, UNREGISTER_BROKER) and "
                                                 "DELETE_TOPIC_IN_NAMESRV need an admin account of aclConfigFile; "
                                                 "when off, registrations are open and deletions are served to "

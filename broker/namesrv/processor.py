@@ -82,9 +82,9 @@ class NameServerProcessor:
                             grpc_addr=header.grpcAddr or "", heard_at=time.monotonic(),
                             timeout_s=max(1.0, timeout_ms / 1000), channel=channel)
         known = self.table.brokers.get((header.brokerName, header.brokerId))
-        if not self.table.register(entry):
-            raise BrokerError(ResponseCode.SYSTEM_ERROR, f"REGISTER_BROKER: this name server already keeps "
-                                                         f"{len(self.table.brokers)} brokers (namesrvMaxBrokers)")
+        refused = self.table.register(entry)
+        if refused:
+            raise BrokerError(ResponseCode.SYSTEM_ERROR, f"REGISTER_BROKER: {refused}")
         if known is None or known.addr != entry.addr:
             log.info("broker %s (%s, cluster %s) registered with %d topics", header.brokerName, header.brokerAddr,
                      header.clusterName, len(topics))

@@ -45,15 +45,23 @@ class BrokerEntry:
 class RouteTable:
     """Owner of the name server's state. Every method runs on the event loop; none blocks."""
     max_brokers: int = 1024
+    #: topics kept over all brokers together: a table of max_brokers each with the most topics a registration may
+    #: carry would not fit in memory
+    max_topic_entries: int = 1_000_000
     brokers: dict[tuple[str, int], BrokerEntry] = field(default_factory=dict)  # (brokerName, brokerId) → entry
 
-    def register(self, entry: BrokerEntry) -> bool:
-        """Adds or refreshes a broker. False when the table is full (a new broker beyond ``max_brokers``)."""
+    def register(self, entry: BrokerEntry) -> str | None:
+        """Adds or refreshes a broker; None, or why the table has no room for it (the bound it would pass)."""
         key = (entry.broker_name, entry.broker_id)
-        if key not in self.brokers and len(self.brokers) >= self.max_brokers:
-            return False
+        known = self.brokers.get(key)
+        if known is None and len(self.brokers) >= self.max_brokers:
+            return f"this name server already keeps {len(self.brokers)} brokers (namesrvMaxBrokers)"
+        others = sum(len(e.topics) for e in self.brokers.values()) - (len(known.topics) if known else 0)
+        if others + len(entry.topics) > self.max_topic_entries:
+            return (f"{len(entry.topics)} topics would make {others + len(entry.topics)} kept over all brokers, more "
+                    f"than namesrvMaxTopicEntries {self.max_topic_entries}")
         self.brokers[key] = entry
-        return True
+        return None
 
     def unregister(self, broker_name: str, broker_id: int, addr: str) -> bool:
         entry = self.brokers.get((broker_name, broker_id))

@@ -23,7 +23,8 @@ class NameServer:
 
     def __init__(self, config: NamesrvConfig):
         self.config = config
-        self.table = RouteTable(max_brokers=config.namesrvMaxBrokers)
+        self.table = RouteTable(max_brokers=config.namesrvMaxBrokers,
+                                max_topic_entries=config.namesrvMaxTopicEntries)
         self.processor = NameServerProcessor(self.table, config.namesrvMaxTopicsPerBroker)
         self.dispatcher = Dispatcher("namesrv")
         self.connections = ConnectionSet(config.serverMaxConnections)

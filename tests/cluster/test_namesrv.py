@@ -159,6 +159,29 @@ async def test_bad_registrations_are_refused_with_a_reason(case, needle):
         await namesrv.stop()
 
 
+async def test_topics_kept_over_all_brokers_are_bounded():
+    """Many brokers each at the per-registration bound would not fit in memory: the table's total is bounded too,
+    and a broker already registered may still re-register what it holds."""
+    namesrv = await NamesrvProcess("--namesrvMaxTopicEntries=5").start()
+    try:
+        client = await RawClient.connect(namesrv.addr)
+
+        def body(count: int) -> bytes:
+            return json.dumps({"topicConfigSerializeWrapper": {"topicConfigTable": {
+                f"T{i}": {"readQueueNums": 1, "writeQueueNums": 1, "perm": 6} for i in range(count)}}}).encode()
+        for name, count, code in (("b-1", 3, ResponseCode.SUCCESS), ("b-2", 3, ResponseCode.SYSTEM_ERROR),
+                                  ("b-2", 2, ResponseCode.SUCCESS), ("b-1", 3, ResponseCode.SUCCESS)):
+            ext, data = _registration(name=name, body=body(count))
+            answer = await client.request(RequestCode.REGISTER_BROKER, ext, data)
+            assert answer.code == code, (name, count, answer.remark)
+            if code != ResponseCode.SUCCESS:
+                assert "namesrvMaxTopicEntries" in answer.remark
+        assert await brokers_known(namesrv.addr) == {"b-1", "b-2"}
+        client.transport.close()
+    finally:
+        await namesrv.stop()
+
+
 async def test_with_acl_only_an_admin_account_registers(tmp_path):
     acl = tmp_path / "plain_acl.yml"
     acl.write_text("accounts:\n  - accessKey: ops\n    secretKey: ops-secret-1\n    admin: true\n"
