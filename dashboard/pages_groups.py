@@ -12,7 +12,7 @@ from halfmq.client.errors import BrokerError
 from halfmq.protocol.codes import ResponseCode
 
 from .page import HISTORY, admin_for, render
-from .params import Refused, form_of, integer, refusals, text, timestamp, utc
+from .params import Refused, form_of, integer, refusals, served, text, timestamp, utc
 
 routes = web.RouteTableDef()
 NAV = ("/groups", "Groups")
@@ -123,12 +123,6 @@ async def reset(request: web.Request) -> dict:
     return {"group": detail["group"], "timestamp": when, "topic": topic, "queues": rows}
 
 
-@routes.get("/api/groups")
-@refusals
-async def api_groups(request: web.Request) -> web.Response:
-    return web.json_response(await groups(request))
-
-
 @routes.get("/api/groups/{group}")
 @refusals
 async def api_group(request: web.Request) -> web.Response:
@@ -147,10 +141,7 @@ async def api_reset(request: web.Request) -> web.Response:
     return web.json_response(await reset(request))
 
 
-@routes.get("/groups")
-@refusals
-async def groups_page(request: web.Request) -> web.Response:
-    return render(request, "groups.html", await groups(request))
+served(routes, "/groups", groups, "groups.html")
 
 
 @routes.get("/groups/{group}")

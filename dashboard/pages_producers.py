@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from .page import admin_for, render
+from .page import admin_for
 from .pages_groups import DEFAULT_SIZE, MAX_FILTER, MAX_SIZE
-from .params import integer, refusals, text
+from .params import integer, served, text
 
 routes = web.RouteTableDef()
 NAV = ("/producers", "Producers")
@@ -25,13 +25,4 @@ async def producers(request: web.Request) -> dict:
     return {**page, "size": size, "after": after, "q": q}
 
 
-@routes.get("/api/producers")
-@refusals
-async def api_producers(request: web.Request) -> web.Response:
-    return web.json_response(await producers(request))
-
-
-@routes.get("/producers")
-@refusals
-async def producers_page(request: web.Request) -> web.Response:
-    return render(request, "producers.html", await producers(request))
+served(routes, "/producers", producers, "producers.html")

@@ -18,8 +18,8 @@ from halfmq.client.errors import IllegalOperationError
 from halfmq.protocol.errors import MessageFormatError
 from halfmq.protocol.message import decode_offset_msg_id
 
-from .page import HISTORY, SETTINGS, admin_for, render
-from .params import Refused, choice, integer, refusals
+from .page import HISTORY, SETTINGS, admin_for
+from .params import Refused, choice, integer, refusals, served
 
 routes = web.RouteTableDef()
 NAV = ("/transactions", "Transactions")
@@ -40,18 +40,6 @@ OTHER = "(other)"
 BUCKETS_S = (1, 5, 10, 30, 60, 300, 900, 3_600, 21_600, 86_400)
 MAX_BUCKETS = 60
 DECISIONS = {"COMMITTED": "committed", "ROLLED_BACK": "rolledBack", "DISCARDED": "discarded"}
-
-
-def _served(path: str, build, template: str) -> None:
-    """``build`` (a data function) served as JSON at /api``path`` and as the page ``template`` at ``path``."""
-    async def api(request: web.Request) -> web.Response:
-        return web.json_response(await build(request))
-
-    async def page(request: web.Request) -> web.Response:
-        return render(request, template, await build(request))
-
-    routes.get("/api" + path)(refusals(api))
-    routes.get(path)(refusals(page))
 
 
 def _size(request: web.Request) -> int:
@@ -116,7 +104,7 @@ async def pending(request: web.Request) -> dict:
             "next": page["next"]}
 
 
-_served("/transactions", pending, "transactions.html")
+served(routes, "/transactions", pending, "transactions.html")
 
 
 @routes.get("/api/transactions/series")
@@ -145,7 +133,7 @@ async def discarded(request: web.Request) -> dict:
             "next": after}
 
 
-_served("/transactions/discarded", discarded, "transactions_discarded.html")
+served(routes, "/transactions/discarded", discarded, "transactions_discarded.html")
 
 
 # --- one half ---
@@ -172,7 +160,7 @@ async def half(request: web.Request) -> dict:
     return {"now": _now_ms(), "addr": addr, "record": record, "resumed": "resumed" in request.query}
 
 
-_served("/transactions/half/{msg_id}", half, "transactions_half.html")
+served(routes, "/transactions/half/{msg_id}", half, "transactions_half.html")
 
 
 async def _resume(request: web.Request) -> dict:
@@ -285,7 +273,7 @@ async def groups(request: web.Request) -> dict:
             "groups": rows[(page - 1) * size:page * size], "now": _now_ms()}
 
 
-_served("/transactions/groups", groups, "transactions_groups.html")
+served(routes, "/transactions/groups", groups, "transactions_groups.html")
 
 
 async def group_series(request: web.Request) -> dict:

@@ -10,7 +10,7 @@ from aiohttp import web
 
 from halfmq.client.errors import TopicNotExistError
 
-from .page import error_page, json_error
+from .page import error_page, json_error, render
 
 #: a topic name as the brokers accept one (broker/names.py): checked here so a typo is a 400, not a broker's refusal
 TOPIC_NAME = re.compile(r"[%|a-zA-Z0-9_-]{1,127}")
@@ -113,3 +113,17 @@ def utc(ms: int | None) -> str:
     if not ms:
         return ""
     return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def served(routes: web.RouteTableDef, path: str, build, template: str) -> None:
+    """``build`` (a page's data function) served as JSON at /api``path`` and rendered with ``template`` at ``path``:
+    a page shows what its endpoint answers, and both refuse bad parameters alike."""
+    async def api(request: web.Request) -> web.Response:
+        return web.json_response(await build(request))
+
+    async def page(request: web.Request) -> web.Response:
+        return render(request, template, await build(request))
+
+    routes.get("/api" + path)(refusals(api))
+    routes.get(path)(refusals(page))
+
