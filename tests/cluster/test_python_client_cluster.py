@@ -43,3 +43,44 @@ async def test_a_failed_message_is_redelivered_from_the_broker_that_stored_it(cl
     async with consumer:
         await asyncio.wait_for(done.wait(), 60)
     assert set(seen) == bodies, f"delivered bodies that were never sent: {set(seen) - bodies}"
+
+
+async def test_a_push_consumer_joins_a_broker_that_joined_the_cluster_after_it_started(tmp_path):
+    import json
+
+    from halfmq.client.admin import Admin
+    from halfmq.protocol.codes import RequestCode
+
+    from tests.support.cluster import until
+    from tests.support.raw import RawClient
+
+    cluster = await LocalCluster(tmp_path, namesrvs=1, brokers=1).start()
+    try:
+        got = asyncio.Queue()
+        consumer = PushConsumer("CG_LATE_BROKER", cluster.namesrv_addr, lambda msgs: got.put_nowait(msgs[0].body))
+        consumer.subscribe("LateBroker")
+        async with Admin(cluster.namesrvs[0].addr, broker=cluster.brokers[0].broker_addr) as admin:
+            await admin.update_topic("LateBroker", 2, 2)
+        async with consumer:
+            late = cluster.broker_process(1)
+            await late.start()
+            cluster.brokers.append(late)
+            async with Admin(cluster.namesrvs[0].addr, broker=late.broker_addr) as admin:
+                await admin.update_topic("LateBroker", 2, 2)
+
+            async def routed():
+                async with Admin(cluster.namesrvs[0].addr) as admin:
+                    return len((await admin.topic_route("LateBroker"))["queueDatas"]) == 2
+            await until(routed, 10, "the late broker's queues are routed")
+            await consumer.rebalance()  # what its periodic rebalance does
+            raw = await RawClient.connect(late.broker_addr)
+            answer = await raw.request(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "CG_LATE_BROKER"})
+            raw.transport.close()
+            assert json.loads(answer.body or b"{}").get("consumerIdList") == [consumer.instance.client_id]
+            async with Producer("PG_LATE_BROKER", cluster.namesrv_addr) as producer:
+                for queue in [q for q in (await producer.instance.routes.fetch("LateBroker")).write_queues
+                              if q.broker_name == "broker-1"]:
+                    await producer.send(Message("LateBroker", b"on the late broker"), queue)
+            assert await asyncio.wait_for(got.get(), 30) == b"on the late broker"
+    finally:
+        await cluster.stop()
