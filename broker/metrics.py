@@ -164,7 +164,8 @@ class BrokerMetrics:
         self.half_open[topic] = self.half_open.get(topic, 0) + 1
 
     def half_decided(self, state, was_open: bool = True) -> None:
-        """A half reached ``state`` (a HalfState); ``was_open``: it was pending until now."""
+        """A half reached ``state``: a HalfState, or a txops.Decision (which names the same fields: topic, status,
+        store_ts, decided_ts); ``was_open``: it was pending until now."""
         topic = self.topic_label(state.topic)
         if was_open:
             self.half_open[topic] = max(0, self.half_open.get(topic, 0) - 1)

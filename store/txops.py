@@ -32,20 +32,23 @@ from .requests import PutRequest, PutResult, message_request
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """What a decision did: ``applied`` is False for a repeated decision acknowledged without effect."""
+    """What a decision did: ``applied`` is False for a repeated decision acknowledged without effect. The half's
+    status after it, and what its metrics need of the half (topic, store and decision times): not its whole state,
+    which cost both processes microseconds per transaction to pickle and rebuild (tests/store/test_wire_forms.py)."""
 
-    state: HalfState
     applied: bool
     previous: HalfStatus
+    status: HalfStatus
+    topic: str
+    store_ts: int
+    decided_ts: int | None
     committed: PutResult | None = None
 
-    def __reduce__(self):  # back from the writer as plain values (the enum's and named tuple's reduce run Python)
-        return _decision, (self.state, self.applied, self.previous.value,
-                           None if self.committed is None else tuple(self.committed))
 
-
-def _decision(state: HalfState, applied: bool, previous: str, committed: tuple | None) -> Decision:
-    return Decision(state, applied, STATUSES[previous], None if committed is None else PutResult._make(committed))
+def _decision(applied: bool, previous: str, status: str, topic: str, store_ts: int, decided_ts: int | None,
+              committed: tuple | None) -> Decision:
+    return Decision(applied, STATUSES[previous], STATUSES[status], topic, store_ts, decided_ts,
+                    None if committed is None else PutResult._make(committed))
 
 
 def _half_record(wctx: WriteContext, half_offset: int) -> bytes:
@@ -133,7 +136,12 @@ class DecideHalf(Op):
     def __reduce__(self):  # to the writer as a plain tuple (see PrepareHalf)
         return DecideHalf, (self.half_offset, self.group, self.queue_offset, self.commit, self.from_check)
 
-    def apply(self, wctx: WriteContext) -> Decision:
+    @staticmethod
+    def result(value: tuple) -> Decision:
+        """The op's value, a Decision, from the plain tuple the writer answered (``decision_wire``)."""
+        return _decision(*value)
+
+    def apply(self, wctx: WriteContext) -> tuple:
         offset = self.half_offset
         state = wctx.get_half(offset)
         if state is None:
@@ -145,7 +153,7 @@ class DecideHalf(Op):
         current = state.status
         move = transition(current, Event.COMMIT if self.commit else Event.ROLLBACK)
         if move.effect is Effect.REPEAT:
-            return Decision(state, False, current)
+            return decision_wire(state, False, current, None)
         if move.effect is Effect.REFUSE:
             wanted = HalfStatus.COMMITTED if self.commit else HalfStatus.ROLLED_BACK
             raise HalfConflictError(f"the transaction is already {current.value}; {wanted.value} refused")
@@ -159,7 +167,13 @@ class DecideHalf(Op):
         state.decided_ts = wctx.now_ms
         state.decided_by = (Decider.CHECK if self.from_check else Decider.PRODUCER).value
         wctx.put_half(offset, state)
-        return Decision(state, True, current, committed)
+        return decision_wire(state, True, current, committed)
+
+
+def decision_wire(state: HalfState, applied: bool, previous: HalfStatus, committed: PutResult | None) -> tuple:
+    """A decision's value as it goes back to the broker (DecideHalf.result makes it a Decision)."""
+    return (applied, previous.value, state.status.value, state.topic, state.store_ts, state.decided_ts,
+            None if committed is None else tuple(committed))
 
 
 #: the statuses the table lets a check pass move (read once: a pass reschedules up to PASS_LIMIT halves)

@@ -117,7 +117,7 @@ class TransactionStates:
             if outcome.applied:
                 self.sender_channels.pop(half_offset, None)
                 if metrics is not None:
-                    metrics.half_decided(outcome.state, outcome.previous is HalfStatus.PREPARED)
+                    metrics.half_decided(outcome, outcome.previous is HalfStatus.PREPARED)
             elif metrics is not None:
                 metrics.repeated_decision(from_check)
 

@@ -182,7 +182,7 @@ async def test_half_prepare_and_first_decision_wins(open_store):
     first, again = store.submit(commit), store.submit(commit)
     conflicting = store.submit(rollback)
     decision = await first
-    assert decision.applied and decision.state.status is HalfStatus.COMMITTED
+    assert decision.applied and decision.status is HalfStatus.COMMITTED
     assert not (await again).applied
     with pytest.raises(Exception, match="already COMMITTED"):
         await conflicting
