@@ -17,9 +17,8 @@ from dataclasses import dataclass
 
 from halfmq.protocol import properties as P
 from halfmq.protocol.errors import MessageFormatError
-from halfmq.protocol.message import (body_crc_matches, body_records, decode_record, record_properties_text,
-                                     rewritten_size, tags_hash)
-from halfmq.protocol.properties import decode_properties
+from halfmq.protocol.message import (body_crc_matches, body_records, decode_record, record_index_fields,
+                                     rewritten_size)
 
 from .context import WriteContext
 from .errors import CorruptRecordError, HalfConflictError, HalfMismatchError, HalfNotFoundError
@@ -74,12 +73,11 @@ def _commit(wctx: WriteContext, raw: bytes, half_offset: int, state: HalfState) 
         if len(parts) != state.batch:
             raise MessageFormatError(f"the batch half holds {len(parts)} records, not {state.batch}")
         view = memoryview(raw)
-        properties = [decode_properties(record_properties_text(view[start:start + size])) for start, size in parts]
+        index_fields = [record_index_fields(view[start:start + size]) for start, size in parts]
     except MessageFormatError as exc:
         raise CorruptRecordError(half_offset, f"the batch half's body: {exc}") from None
-    results = [wctx.put_committed(state.topic, state.queue_id, half_offset, part, part[1],
-                                  tags_hash(props.get(P.TAGS)), props.get(P.KEYS) or None)
-               for part, props in zip(parts, properties)]
+    results = [wctx.put_committed(state.topic, state.queue_id, half_offset, part, part[1], tags_code, keys)
+               for part, (tags_code, keys) in zip(parts, index_fields)]
     state.committed_last = results[-1][0]
     return PutResult._make(results[0])
 

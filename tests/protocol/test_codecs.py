@@ -18,7 +18,7 @@ from halfmq.protocol.errors import FrameError, HeaderError, MessageFormatError, 
 from halfmq.protocol.frame import FrameDecoder, encode_frame
 from halfmq.protocol.message import (BatchItem, MessageRecord, UniqKeyGenerator, create_offset_msg_id, decode_batch,
                                      decode_offset_msg_id, decode_record, decode_records, encode_batch, encode_record,
-                                     stamp_record, tags_hash)
+                                     record_index_fields, stamp_record, tags_hash)
 from halfmq.protocol.properties import decode_properties, encode_properties
 
 #: frames captured from real RocketMQ clients (kept in the repository: the suite reads nothing outside it)
@@ -173,6 +173,27 @@ def test_records_round_trip(recs):
                   "properties"):
             assert getattr(got, f) == getattr(original, f), f
         assert got.sys_flag & ~0x30 == original.sys_flag & ~0x30  # host flags follow the addresses
+
+
+#: property names and texts near TAGS and KEYS: the shortcut of record_index_fields must not be fooled by them
+index_names = st.sampled_from(["TAGS", "KEYS", "XTAGS", "KEYSX", "TAG", "K", "UNIQ_KEY"]) | nonempty
+index_texts = st.one_of(st.dictionaries(index_names, st.sampled_from(["", "a", "a b", "TAGS", "x\x01y"]) | text,
+                                        max_size=5).map(encode_properties),
+                        st.lists(st.sampled_from(["TAGS\x01", "KEYS\x01", "\x02", "\x01", "t", "KEYS", "TAGS"]),
+                                 max_size=8).map("".join))
+
+
+@given(index_texts, st.text("xyz", min_size=1, max_size=200), st.booleans())
+def test_record_index_fields_read_tags_and_keys_as_decode_properties_does(props_text, topic, v6):
+    rec = MessageRecord(topic=topic, body=b"body", born_host="[::1]:5" if v6 else "127.0.0.1:5",
+                        store_host="127.0.0.1:6")
+    buf = encode_record(rec, properties_text=props_text)
+    props = decode_properties(props_text)
+    expected = (tags_hash(props.get("TAGS")), props.get("KEYS") or None)
+    assert record_index_fields(buf) == expected
+    assert record_index_fields(memoryview(b"pad" + bytes(buf))[3:]) == expected  # a record inside a batch half
+    with pytest.raises(MessageFormatError):
+        record_index_fields(buf[:40])
 
 
 def test_record_golden_layout():
