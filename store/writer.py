@@ -6,15 +6,16 @@ arrived together in ONE write transaction (group commit) and answers with their 
 Power-loss ordering. LMDB runs with MDB_NOMETASYNC: a commit writes its data pages, fdatasyncs them, and only then
 writes its meta page (unsynced). A meta page can therefore never reach the disk before the pages it points to,
 which MDB_NOSYNC plus an outside fdatasync does not guarantee (a later, unsynced commit's meta page could be
-written back first and point at pages that never arrived: a corrupted store after a power cut). A commit's own
-meta page becomes durable with the next commit's data sync when more is queued, or else with a sync of its own
-once nothing more is waiting. So with SYNC_FLUSH a group is acknowledged once a sync that started after its commit
-has completed: one fdatasync per commit under load. With ASYNC_FLUSH groups are acknowledged at commit and the
-meta page is synced once the writer has been idle for a flush interval: a power cut may lose the last interval,
-never the store.
+written back first and point at pages that never arrived: a corrupted store after a power cut). With SYNC_FLUSH
+the writer then syncs the commit's meta page at once and acknowledges its groups: two fdatasyncs per commit.
+Leaving the meta page to the next commit's data sync saved one of them but made every acknowledgement wait for
+the next commit's whole apply as well; syncing at once answered sends and halves sooner (p50 3.42 -> 3.30 ms and
+8.39 -> 7.77 ms at 64 in flight) at no more writer CPU per message (scripts/bench.py alternate, three rounds).
+With ASYNC_FLUSH groups are acknowledged at commit and the meta page is synced once the writer has been idle for
+a flush interval: a power cut may lose the last interval, never the store.
 
-One thread. That last sync runs on the writer's only thread, while it has nothing else to do; a group arriving
-meanwhile waits for it (a fraction of a millisecond here). A syncer thread that did it in parallel cost more than it
+One thread. The meta page's sync runs on the writer's only thread; a group arriving meanwhile waits for it (a
+fraction of a millisecond here). A syncer thread that did it in parallel cost more than it
 saved: its hand-offs (GIL, condition, lock around the answers) made the writer's CPU per send 10-30% higher and the
 writer alone slower (benchmark of the link and writer, groups of 32 sends of 1 KiB, 2 in flight, alternated).
 
@@ -247,10 +248,6 @@ class _Link:
             if parts and sent:
                 parts[0] = parts[0][sent:]
 
-    def readable(self) -> bool:
-        """Whether more input is waiting (buffered, or on the socket)."""
-        return len(self.buffer) >= 4 or bool(select.select([self.sock], [], [], 0)[0])
-
     def receive(self, timeout: float | None) -> list | None:
         """The messages that arrived within ``timeout`` seconds (None: wait for one); None at EOF."""
         messages = take_messages(self.buffer)
@@ -378,18 +375,13 @@ def serve(path: str, map_size: int, max_map_size: int, sync_each: bool, flush_in
                 start += len(group_ops)
             previous, last_gid = last_gid, chunk[-1][1]
             answers.add(last_gid, per_group, grown, new_topics, took)
-            if synced:
-                synced_gid = previous  # this commit's data sync flushed every earlier commit's meta page too
-            if not sync_each:
-                answers.release(last_gid)
+            if sync_each:
+                # Every earlier commit is durable already (each was synced at once): this one's meta page is all a
+                # sync has left to cover, and a commit that wrote nothing needs none.
+                if synced and not _sync(env):
+                    return 2
             elif synced:
-                answers.release(previous)
-        if sync_each and answers.held and not link.readable():
-            # Nothing more to commit now: make the last meta page durable. When more is queued, the next commit's
-            # data sync does it at no extra cost.
-            if not _sync(env):
-                return 2
-            synced_gid = last_gid
+                synced_gid = previous  # this commit's data sync flushed every earlier commit's meta page too
             answers.release(last_gid)
         # After the answers: writing ahead never delays an acknowledgement.
         prewriter.after_commit()
