@@ -24,7 +24,7 @@ from .context import WriteContext
 from .errors import CorruptRecordError, HalfConflictError, HalfMismatchError, HalfNotFoundError
 from halfmq.transactions import Decider, Effect, Event, transition
 
-from .halfs import STATUSES, HalfState, HalfStatus
+from .halfs import STATUSES, HalfState, HalfStatus, stored_fields
 from .ops import Op
 from .requests import PutRequest, PutResult, message_request
 
@@ -91,8 +91,12 @@ class PrepareHalf(Op):
     delay_ms: int
     batch_keys: tuple[str, ...] = ()  #: a batch half: the KEYS of its messages (those that have some)
 
-    def __reduce__(self):  # to the writer as a plain tuple: a third of the default's cost (see HalfState)
-        return PrepareHalf, (self.request, self.state, self.delay_ms, self.batch_keys)
+    def __reduce__(self):
+        # To the writer as one flat tuple of plain values (the request's fields, the state's, as HalfState and
+        # PutRequest reduce them): 4.9 us to pickle and unpickle, against 8.2 us nesting their own reduces.
+        r, state = self.request, self.state
+        return _prepare_half, (r.topic, r.queue_id, r.record, r.tags_code, r.index, r.keys, state.status.value,
+                               stored_fields(state), self.delay_ms, self.batch_keys)
 
     def apply(self, wctx: WriteContext) -> tuple[tuple[int, int, int, int], int]:
         # The commit will index the real topic by these KEYS: refuse them now, not at the commit.
@@ -119,6 +123,13 @@ class PrepareHalf(Op):
         state.queue_offset, state.store_ts, state.size = stored.queue_offset, stored.store_timestamp, stored.size
         state.due = due
         return state
+
+
+def _prepare_half(topic: str, queue_id: int, record: bytearray, tags_code: int, index: bool, keys: str | None,
+                  status: str, stored: tuple, delay_ms: int, batch_keys: tuple[str, ...]) -> PrepareHalf:
+    """A PrepareHalf from its pickled form (``PrepareHalf.__reduce__``)."""
+    return PrepareHalf(PutRequest(topic, queue_id, record, tags_code, index, keys),
+                       HalfState(STATUSES[status], *stored), delay_ms, batch_keys)
 
 
 @dataclass(slots=True)
