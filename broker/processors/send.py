@@ -12,9 +12,10 @@ from halfmq.protocol.codes import RequestCode, ResponseCode, SysFlag
 from halfmq.protocol.command import RemotingCommand
 from halfmq.protocol.headers import (ConsumerSendMsgBackRequestHeader, SendMessageRequestHeader,
                                      SendMessageRequestHeaderV2)
-from halfmq.protocol.message import MessageRecord, create_offset_msg_id, decode_batch, decode_record
+from halfmq.protocol.message import (MessageRecord, create_offset_msg_id, decode_batch, decode_record,
+                                     encode_record)
 from halfmq.protocol.properties import decode_properties, encode_properties
-from halfmq.store import message_request
+from halfmq.store import record_request
 from halfmq.store.ops import PutMessages
 
 from ..context import BrokerContext
@@ -163,30 +164,41 @@ class SendProcessor:
         # Every message is checked whole (with the batch-level properties it inherits) before the topic is
         # resolved, so a refused batch creates nothing.
         config = ctx.topics.get(topic)
-        item_props = []
+        outer_text = encode_properties(outer)
+        max_body = producer.max_body
+        item_props = []  # each message's properties, and their text when it was cheaper to build here
         for index, item in enumerate(items):
             if index and not index % step:
                 await asyncio.sleep(0)  # let other connections' requests run between slices
             props = decode_properties(item.properties)
-            if props.get(P.TRAN_MSG) == "true" or delay_level(props) > 0 or any(k in props for k in TIMER_KEYS):
+            if props.get(P.TRAN_MSG) == "true" or delay_level(props) > 0 or not props.keys().isdisjoint(TIMER_KEYS):
                 raise BrokerError(Failure.BAD_MESSAGE,
                                   "transactional, delayed or timer messages cannot be sent in a batch")
-            producer.check_body(len(item.body), f"body of batch message {index}")
+            if not 0 < len(item.body) <= max_body:
+                producer.check_body(len(item.body), f"body of batch message {index}")
             props.pop(P.WAIT, None)
-            for key, value in outer.items():  # batch-level properties never override a message's own
-                props.setdefault(key, value)
+            if props.keys().isdisjoint(outer):
+                # The usual message: its own properties, then the batch's, which it inherits whole (the text is the
+                # merged map's, in the same order, without encoding the batch's properties again for each message).
+                text = encode_properties(props) + outer_text
+                props.update(outer)
+            else:
+                for key, value in outer.items():  # batch-level properties never override a message's own
+                    props.setdefault(key, value)
+                text = None
             producer.check_message(config, topic, props, header.producerGroup)
-            item_props.append(props)
+            item_props.append((props, text))
         queue_id = producer.writable_queue(await self._topic_config(header, topic), header.queueId)
         host = born_host(channel)
         sys_flag = header.sysFlag & ~SysFlag.TRANSACTION_MASK
         requests = []
-        for index, (item, props) in enumerate(zip(items, item_props)):
+        for index, (item, (props, text)) in enumerate(zip(items, item_props)):
             if index and not index % step:
                 await asyncio.sleep(0)
-            requests.append(message_request(MessageRecord(
-                topic=topic, body=item.body, queue_id=queue_id, flag=item.flag, sys_flag=sys_flag,
-                born_timestamp=header.bornTimestamp, born_host=host, store_host=ctx.store_host, properties=props)))
+            rec = MessageRecord(topic=topic, body=item.body, queue_id=queue_id, flag=item.flag, sys_flag=sys_flag,
+                                born_timestamp=header.bornTimestamp, born_host=host, store_host=ctx.store_host,
+                                properties=props)
+            requests.append(record_request(encode_record(rec, text), topic, queue_id, props))
         if transactional:
             if uniq is not None:
                 outer[P.UNIQ_KEY] = uniq

@@ -57,6 +57,22 @@ async def test_batch_send_gets_consecutive_offsets_and_ids(broker):
     c.close()
 
 
+async def test_batch_messages_inherit_the_batch_properties_they_do_not_have_in_order(broker):
+    # A message's own properties come first, then the batch's it does not override, in the batch's order: the
+    # stored property text is the same whether the broker merges maps or joins texts (send.py's two ways).
+    c = await RawClient.connect(broker.addr)
+    body = encode_batch([BatchItem(b"m0", encode_properties({"a": "1"})),
+                         BatchItem(b"m1", encode_properties({"myprop": "own", "WAIT": "false", "b": "2"}))])
+    r = await c.send("TBP", body, tags="outerTag", props={"myprop": "outer"}, code=RequestCode.SEND_BATCH_MESSAGE)
+    assert r.code == ResponseCode.SUCCESS, r.remark
+    first, second = decode_records((await c.pull("TBP", 0, 0)).body)
+    assert list(first.properties.items()) == [("a", "1"), ("TAGS", "outerTag"), ("myprop", "outer"),
+                                              ("CLUSTER", "DefaultCluster")]
+    assert list(second.properties.items()) == [("myprop", "own"), ("b", "2"), ("TAGS", "outerTag"),
+                                               ("CLUSTER", "DefaultCluster")]
+    c.close()
+
+
 async def test_transactional_message_in_batch_is_refused(broker):
     c = await RawClient.connect(broker.addr)
     body = encode_batch([BatchItem(b"x", encode_properties({"TRAN_MSG": "true"}))])
