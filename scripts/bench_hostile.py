@@ -53,6 +53,8 @@ from halfmq.protocol.frame import FrameDecoder  # noqa: E402
 from halfmq.protocol.message import BatchItem, encode_batch  # noqa: E402
 from halfmq.protocol.properties import encode_properties  # noqa: E402
 
+GOOD_GRPC_GROUP = "GOOD_GRPC_CG"
+GOOD_GRPC_METADATA = (("x-mq-client-id", "good-grpc@1"), ("x-mq-language", "PYTHON"), ("x-mq-protocol", "GRPC_V2"))
 ATTACKS = ["none", "pipelined_pulls", "held_pulls", "partial_frames", "huge_batch", "many_groups", "many_consumers",
            "many_topics",  # the issue's
            "grpc_big_messages", "grpc_unread_receives", "grpc_telemetry_flood", "grpc_huge_ack", "grpc_held_receives",
@@ -605,9 +607,9 @@ async def good_grpc_client(endpoint: str, duration: float, inflight: int) -> tup
     them (no long poll, as the remoting good client's pulls) and acknowledge what they got."""
     sends, receives, acks = Stats("grpc-send"), Stats("grpc-receive"), Stats("grpc-ack")
     body = os.urandom(1024)
-    meta = (("x-mq-client-id", "good-grpc@1"), ("x-mq-language", "PYTHON"), ("x-mq-protocol", "GRPC_V2"))
+    meta = GOOD_GRPC_METADATA
     deadline = time.perf_counter() + duration
-    request = pb.ReceiveMessageRequest(group=pb.Resource(name="GOOD_GRPC_CG"), message_queue=pb.MessageQueue(
+    request = pb.ReceiveMessageRequest(group=pb.Resource(name=GOOD_GRPC_GROUP), message_queue=pb.MessageQueue(
         topic=pb.Resource(name="HostileGoodGrpc"), id=-1), batch_size=32,
         filter_expression=pb.FilterExpression(type=FilterType["TAG"], expression="*"))
     request.invisible_duration.FromSeconds(30)
@@ -675,7 +677,7 @@ async def good_grpc_client(endpoint: str, duration: float, inflight: int) -> tup
     return sends, receives, acks
 
 
-async def prepare(addr_namesrv: str) -> None:
+async def prepare(addr_namesrv: str, grpc_endpoint: str) -> None:
     async with Producer("PREP_PG", addr_namesrv) as producer:
         for _ in range(32):  # 1 MiB answers for the pipelined pulls
             await producer.send(Message("HostileBulk", os.urandom(32 << 10)), )
@@ -684,6 +686,20 @@ async def prepare(addr_namesrv: str) -> None:
         await producer.send(Message("HostileEmpty", b"x"))
         await producer.send(Message("HostileGood", b"x"))  # before any attack: a topic quota may fill up
         await producer.send(Message("HostileGoodGrpc", b"x"))
+    # The good gRPC client's group exists before any attack, as its topic does: a flood of client-chosen groups
+    # fills the group quota, and a group first seen after it is refused (CONSUMER_GROUP_NOT_FOUND), not harmed.
+    async with grpc.aio.insecure_channel(grpc_endpoint, options=GRPC_OPTIONS) as channel:
+        receive = channel.unary_stream(f"/{SERVICE}/ReceiveMessage",
+                                       request_serializer=pb.ReceiveMessageRequest.SerializeToString,
+                                       response_deserializer=pb.ReceiveMessageResponse.FromString)
+        request = pb.ReceiveMessageRequest(group=pb.Resource(name=GOOD_GRPC_GROUP), message_queue=pb.MessageQueue(
+            topic=pb.Resource(name="HostileGoodGrpc"), id=-1), batch_size=1,
+            filter_expression=pb.FilterExpression(type=FilterType["TAG"], expression="*"))
+        request.invisible_duration.FromSeconds(1)
+        answers = [a async for a in receive(request, metadata=GOOD_GRPC_METADATA, timeout=10)]
+        status = next((a.status for a in answers if a.HasField("status")), None)
+        if status is None or status.code not in (Code["OK"], Code["MESSAGE_NOT_FOUND"]):
+            raise RuntimeError(f"the good gRPC client's group could not be prepared: {status}")
 
 
 async def run_attack_process(name: str, broker: str, grpc_endpoint: str, duration: float) -> None:
@@ -757,7 +773,7 @@ async def one_round(name: str, args) -> Result:
     else:
         broker, namesrv, grpc_endpoint, pid = args.broker, args.namesrv, args.grpc_endpoint, args.pid
     try:
-        await prepare(namesrv)
+        await prepare(namesrv, grpc_endpoint)
         together = args.good_clients == "together"
         measured = args.duration if together else 2 * args.duration
         attacker = await asyncio.create_subprocess_exec(sys.executable, __file__, "--attack-only", name,
