@@ -199,6 +199,10 @@ class BrokerConfig:
     grpcTelemetryMaxSettingsTopics: int = _doc("most topics one Settings message may name (a producer's topics, "
                                                "a consumer's subscriptions); more are answered PAYLOAD_TOO_LARGE",
                                                default=1000, meta={"min": 1, "max": 100_000})
+    grpcTelemetryRefusedBytesPerSecond: int = _doc(
+        "how fast a telemetry stream's refused (oversized) commands are read, bytes a second: after one, the stream "
+        "is not read again until its size at this rate has passed (grpc copies a command whole before the broker "
+        "can refuse it)", default=1 << 20, meta={"min": 1})
     grpcTelemetryMaxUnreadBytes: int = _doc(
         "answers and commands queued on a telemetry stream and not yet taken by its reader, bytes: above this the "
         "broker reads no more of the stream's commands, and queues no transaction check to it (the check is sent "
