@@ -59,19 +59,22 @@ async def test_a_push_consumer_joins_a_broker_that_joined_the_cluster_after_it_s
         got = asyncio.Queue()
         consumer = PushConsumer("CG_LATE_BROKER", cluster.namesrv_addr, lambda msgs: got.put_nowait(msgs[0].body))
         consumer.subscribe("LateBroker")
+        async def routed(brokers: int):
+            async with Admin(cluster.namesrvs[0].addr) as admin:
+                return len((await admin.topic_route("LateBroker"))["queueDatas"]) == brokers
+
         async with Admin(cluster.namesrvs[0].addr, broker=cluster.brokers[0].broker_addr) as admin:
             await admin.update_topic("LateBroker", 2, 2)
+        # the broker registers its new topic with the name server on its own, a moment later (a CI run started the
+        # consumer before: TOPIC_NOT_EXIST)
+        await until(lambda: routed(1), 10, "the first broker's queues are routed")
         async with consumer:
             late = cluster.broker_process(1)
             await late.start()
             cluster.brokers.append(late)
             async with Admin(cluster.namesrvs[0].addr, broker=late.broker_addr) as admin:
                 await admin.update_topic("LateBroker", 2, 2)
-
-            async def routed():
-                async with Admin(cluster.namesrvs[0].addr) as admin:
-                    return len((await admin.topic_route("LateBroker"))["queueDatas"]) == 2
-            await until(routed, 10, "the late broker's queues are routed")
+            await until(lambda: routed(2), 10, "the late broker's queues are routed")
             await consumer.rebalance()  # what its periodic rebalance does
             raw = await RawClient.connect(late.broker_addr)
             answer = await raw.request(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "CG_LATE_BROKER"})
