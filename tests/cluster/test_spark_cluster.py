@@ -8,9 +8,7 @@ import collections
 import contextlib
 import json
 import os
-import shutil
 import signal
-import sys
 from types import SimpleNamespace
 
 import pytest
@@ -26,7 +24,7 @@ from halfmq.pipeline.sink_io import HalfTag, owner_group, sink_producer
 
 from tests.pipeline.test_sink_crash import GROUP, Driver, owners
 from tests.support.cluster import LocalCluster, until
-from tests.support.local_spark import local_spark
+from tests.support.local_spark import spark_fixture
 
 pytestmark = pytest.mark.spark
 BROKERS = ("broker-0", "broker-1", "broker-2")
@@ -38,13 +36,7 @@ FLAGS = ("--defaultTopicQueueNums=2", "--transactionCheckInterval=1000", "--tran
 @pytest.fixture(scope="module")
 def spark(tmp_path_factory):
     """A local Spark as tests/pipeline's (the same session when those tests made it first)."""
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    scratch = tmp_path_factory.mktemp("spark")
-    session = local_spark("halfmq-cluster-tests", scratch, **{"spark.sql.shuffle.partitions": "2"})
-    yield session
-    session.stop()
-    shutil.rmtree(scratch, ignore_errors=True)
+    yield from spark_fixture("halfmq-cluster-tests", tmp_path_factory)
 
 
 @pytest.fixture

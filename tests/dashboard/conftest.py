@@ -45,6 +45,21 @@ async def dashboard(dashboard_factory) -> Dashboard:
     return await dashboard_factory()
 
 
+#: one admin account, "ops", signing in with "ops-secret-1"
+ADMIN_ACL = "accounts:\n  - accessKey: ops\n    secretKey: ops-secret-1\n    admin: true\n"
+
+
+@pytest.fixture
+def acl_dashboard_factory(dashboard_factory, tmp_path):
+    """``await acl_dashboard_factory(accounts=ADMIN_ACL)``: a dashboard with ACL on and these accounts."""
+    async def start(accounts: str = ADMIN_ACL) -> Dashboard:
+        acl = tmp_path / "plain_acl.yml"
+        acl.write_text(accounts)
+        return await dashboard_factory(aclEnable=True, aclConfigFile=str(acl), dashboardBindAddress="127.0.0.1")
+
+    return start
+
+
 class Http:
     """An HTTP client with its own cookie jar (one browser session); ``csrf`` is read from the last page."""
 

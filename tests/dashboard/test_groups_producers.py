@@ -339,10 +339,8 @@ async def test_api_producers_pages_filters_and_refuses_bad_parameters(dashboard,
             await producer.close()
 
 
-async def test_with_acl_the_groups_and_producers_api_ask_to_sign_in(dashboard_factory, http_factory, tmp_path):
-    acl = tmp_path / "plain_acl.yml"
-    acl.write_text("accounts:\n  - accessKey: ops\n    secretKey: ops-secret-1\n    admin: true\n")
-    dash = await dashboard_factory(aclEnable=True, aclConfigFile=str(acl), dashboardBindAddress="127.0.0.1")
+async def test_with_acl_the_groups_and_producers_api_ask_to_sign_in(acl_dashboard_factory, http_factory):
+    dash = await acl_dashboard_factory()
     http = http_factory(dash.url)
     for path in ("/api/groups", "/api/groups/CG_ANY", "/api/groups/CG_ANY/lag/series", "/api/producers"):
         status, data = await http.get_json(path)

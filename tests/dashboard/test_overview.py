@@ -9,6 +9,8 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from halfmq.client import Message, Producer
 
+from .conftest import ADMIN_ACL
+
 
 async def test_overview_in_a_browser_shows_the_broker_and_its_traffic(dashboard, browser):
     async with Producer("PG_OVERVIEW", dashboard.namesrv) as producer:
@@ -47,11 +49,9 @@ async def test_a_state_change_without_the_csrf_token_is_refused(dashboard, http_
     assert status == 403
 
 
-async def test_with_acl_only_admin_accounts_sign_in(dashboard_factory, http_factory, tmp_path):
-    acl = tmp_path / "plain_acl.yml"
-    acl.write_text("accounts:\n  - accessKey: ops\n    secretKey: ops-secret-1\n    admin: true\n"
-                   "  - accessKey: app\n    secretKey: app-secret-1\n    defaultTopicPerm: PUB|SUB\n")
-    dash = await dashboard_factory(aclEnable=True, aclConfigFile=str(acl), dashboardBindAddress="127.0.0.1")
+async def test_with_acl_only_admin_accounts_sign_in(acl_dashboard_factory, http_factory):
+    dash = await acl_dashboard_factory(ADMIN_ACL + "  - accessKey: app\n    secretKey: app-secret-1\n"
+                                                   "    defaultTopicPerm: PUB|SUB\n")
     http = http_factory(dash.url)
     status, _text = await http.page("/")
     assert status == 302
@@ -71,10 +71,8 @@ async def test_with_acl_only_admin_accounts_sign_in(dashboard_factory, http_fact
     assert status == 200 and "ops" in text and http.csrf != before  # a new session after sign-in
 
 
-async def test_sign_in_attempts_are_limited_per_client(dashboard_factory, http_factory, tmp_path):
-    acl = tmp_path / "plain_acl.yml"
-    acl.write_text("accounts:\n  - accessKey: ops\n    secretKey: ops-secret-1\n    admin: true\n")
-    dash = await dashboard_factory(aclEnable=True, aclConfigFile=str(acl), dashboardBindAddress="127.0.0.1")
+async def test_sign_in_attempts_are_limited_per_client(acl_dashboard_factory, http_factory):
+    dash = await acl_dashboard_factory()
     http = http_factory(dash.url)
     await http.page("/login")
     for _ in range(5):

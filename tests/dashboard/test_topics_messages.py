@@ -374,10 +374,8 @@ async def test_a_dead_lettered_message_is_resent_to_its_topic(dashboard, http_fa
     assert status == 303 and location.startswith("/messages/") and "resent=" in location
 
 
-async def test_with_acl_the_topic_and_message_api_needs_a_signed_in_admin(dashboard_factory, http_factory, tmp_path):
-    acl = tmp_path / "plain_acl.yml"
-    acl.write_text("accounts:\n  - accessKey: ops\n    secretKey: ops-secret-1\n    admin: true\n")
-    dash = await dashboard_factory(aclEnable=True, aclConfigFile=str(acl), dashboardBindAddress="127.0.0.1")
+async def test_with_acl_the_topic_and_message_api_needs_a_signed_in_admin(acl_dashboard_factory, http_factory):
+    dash = await acl_dashboard_factory()
     http = http_factory(dash.url)
     await http.page("/login")
     some_id = create_offset_msg_id(dash.broker.addr, 0)

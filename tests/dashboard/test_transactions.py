@@ -275,10 +275,8 @@ async def test_bad_parameters_are_refused_with_a_message(dashboard, http_factory
     assert status == 400 and "sort &#39;bogus&#39; is not one of" in text
 
 
-async def test_with_acl_every_endpoint_wants_a_signed_in_admin(dashboard_factory, http_factory, tmp_path):
-    acl = tmp_path / "plain_acl.yml"
-    acl.write_text("accounts:\n  - accessKey: ops\n    secretKey: ops-secret-1\n    admin: true\n")
-    dash = await dashboard_factory(aclEnable=True, aclConfigFile=str(acl), dashboardBindAddress="127.0.0.1")
+async def test_with_acl_every_endpoint_wants_a_signed_in_admin(acl_dashboard_factory, http_factory):
+    dash = await acl_dashboard_factory()
     http = http_factory(dash.url)
     for path in GET_ENDPOINTS:
         status, data = await http.get_json(path)

@@ -1,15 +1,12 @@
 """One local Spark for the whole session, and a broker on its own thread (Spark actions block the test thread)."""
 from __future__ import annotations
 
-import os
-import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.support.broker_thread import BrokerThread
-from tests.support.local_spark import local_spark
+from tests.support.local_spark import spark_fixture
 
 
 def pytest_collection_modifyitems(items):
@@ -20,13 +17,7 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory):
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    scratch = tmp_path_factory.mktemp("spark")
-    session = local_spark("halfmq-tests", scratch, **{"spark.sql.shuffle.partitions": "2"})
-    yield session
-    session.stop()
-    shutil.rmtree(scratch, ignore_errors=True)  # the JVM lives on until pytest exits, idle
+    yield from spark_fixture("halfmq-tests", tmp_path_factory)
 
 
 @pytest.fixture

@@ -1,6 +1,9 @@
 """The local Spark of the tests and the Spark benchmarks: on loopback, without UI, and leaving nothing in /tmp."""
 from __future__ import annotations
 
+import os
+import shutil
+import sys
 from pathlib import Path
 
 
@@ -29,3 +32,15 @@ def local_spark(app_name: str, scratch: Path | str, master: str = "local[2]", **
     session = builder.getOrCreate()
     register(session)
     return session
+
+
+def spark_fixture(app_name: str, tmp_path_factory):
+    """A pytest fixture's body: the tests' local Spark (Python workers on this interpreter, shuffles in 2
+    partitions), stopped and its scratch folder removed when the fixture ends."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    scratch = tmp_path_factory.mktemp("spark")
+    session = local_spark(app_name, scratch, **{"spark.sql.shuffle.partitions": "2"})
+    yield session
+    session.stop()
+    shutil.rmtree(scratch, ignore_errors=True)  # the JVM lives on until pytest exits, idle
