@@ -37,7 +37,6 @@ The process is started by link.py (writer_process.py is its entry point).
 """
 from __future__ import annotations
 
-import collections
 import errno
 import logging
 import os
@@ -267,25 +266,6 @@ class _Link:
                 return messages
 
 
-class _Answers:
-    """Outcomes of committed groups, held until they are durable and then sent in one message, in group order."""
-
-    def __init__(self, link: "_Link"):
-        self.link = link
-        #: (last gid of a commit, [(gid, outcomes)], queue bounds grown, new topic ids, commit seconds)
-        self.held: collections.deque = collections.deque()
-
-    def add(self, last_gid: int, answers: list, grown: dict, new_topics: dict, commit_seconds: float) -> None:
-        self.held.append((last_gid, answers, grown, new_topics, commit_seconds))
-
-    def release(self, upto: int) -> None:
-        done = []
-        while self.held and self.held[0][0] <= upto:
-            done.append(self.held.popleft())
-        if done:
-            self.link.send(("done", done))
-
-
 class Prewriter:
     """Keeps the data file written (with zeros) ``PREWRITE_AHEAD`` bytes beyond LMDB's last page, so that commits
     overwrite existing blocks instead of growing the file (see the module docstring).
@@ -350,7 +330,6 @@ def serve(path: str, map_size: int, max_map_size: int, sync_each: bool, flush_in
     except (lmdb.Error, struct.error, UnicodeDecodeError, KeyError, OSError) as exc:
         link.send(("failed", f"{type(exc).__name__}: {exc}"))
         return 1
-    answers = _Answers(link)
     link.send(("ready", counters.queue_max, counters.topic_ids))
     last_gid = synced_gid = 0  # the newest group committed, and the newest whose meta page is durable
     while True:
@@ -374,7 +353,6 @@ def serve(path: str, map_size: int, max_map_size: int, sync_each: bool, flush_in
                 per_group.append((gid, outcomes[start:start + len(group_ops)]))
                 start += len(group_ops)
             previous, last_gid = last_gid, chunk[-1][1]
-            answers.add(last_gid, per_group, grown, new_topics, took)
             if sync_each:
                 # Every earlier commit is durable already (each was synced at once): this one's meta page is all a
                 # sync has left to cover, and a commit that wrote nothing needs none.
@@ -382,12 +360,12 @@ def serve(path: str, map_size: int, max_map_size: int, sync_each: bool, flush_in
                     return 2
             elif synced:
                 synced_gid = previous  # this commit's data sync flushed every earlier commit's meta page too
-            answers.release(last_gid)
+            # The chunk's outcomes, now durable (SYNC_FLUSH) or committed (ASYNC_FLUSH), in group order.
+            link.send(("done", [(last_gid, per_group, grown, new_topics, took)]))
         # After the answers: writing ahead never delays an acknowledgement.
         prewriter.after_commit()
         if any(m[0] == "close" for m in messages):
             env.sync(True)
-            answers.release(last_gid)
             prewriter.close()
             env.close()
             return 0
