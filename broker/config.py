@@ -93,6 +93,12 @@ class BrokerConfig:
                                       default=120_000, meta={"min": 1000})
     serverMaxFrameSize: int = _doc("largest frame accepted, bytes (checked before it is buffered)",
                                    default=16 << 20, meta={"min": 1024})
+    refusedRequestBytesPerSecond: int = _doc(
+        "how fast the bytes of requests refused for their size are read, bytes a second, on either protocol: a "
+        "remoting send declaring a body over maxMessageSize is answered once its header arrived and the rest of its "
+        "frame is read at this rate and discarded; a gRPC telemetry command over grpcTelemetryMaxSettingsBytes "
+        "(grpc copies it whole before it can be refused) stops its stream being read until its size has passed at "
+        "this rate", default=1 << 20, meta={"min": 1})
     serverMaxInflightPerConnection: int = _doc("requests one connection may have in progress before the broker "
                                                "stops reading from it", default=1024, meta={"min": 1})
     serverMaxConnections: int = _doc("most client connections at once", default=10_000, meta={"min": 1})
@@ -199,10 +205,6 @@ class BrokerConfig:
     grpcTelemetryMaxSettingsTopics: int = _doc("most topics one Settings message may name (a producer's topics, "
                                                "a consumer's subscriptions); more are answered PAYLOAD_TOO_LARGE",
                                                default=1000, meta={"min": 1, "max": 100_000})
-    grpcTelemetryRefusedBytesPerSecond: int = _doc(
-        "how fast a telemetry stream's refused (oversized) commands are read, bytes a second: after one, the stream "
-        "is not read again until its size at this rate has passed (grpc copies a command whole before the broker "
-        "can refuse it)", default=1 << 20, meta={"min": 1})
     grpcTelemetryMaxUnreadBytes: int = _doc(
         "answers and commands queued on a telemetry stream and not yet taken by its reader, bytes: above this the "
         "broker reads no more of the stream's commands, and queues no transaction check to it (the check is sent "

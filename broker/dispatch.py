@@ -52,9 +52,31 @@ class Dispatcher:
         #: The store whose write group a connection holds while it dispatches a burst (hold_group/release_group);
         #: None: the connections' requests do not write.
         self.store = None
+        #: request code → the check of a body size its handler applies (raises BrokerError): a request that
+        #: declares a body it refuses is answered once its header arrived (``refuse_declared_body``)
+        self.body_checks: dict[int, Callable[[int], None]] = {}
 
-    def register(self, code: int, handler: Handler) -> None:
+    def register(self, code: int, handler: Handler, body_check: Callable[[int], None] | None = None) -> None:
         self.handlers[int(code)] = handler
+        if body_check is not None:
+            self.body_checks[int(code)] = body_check
+
+    def refuse_declared_body(self, proto, cmd: RemotingCommand, size: int) -> bool:
+        """Answer ``cmd``, whose header arrived and whose body of ``size`` bytes has not, when its handler would
+        refuse that size (or its caller the request): True when it was answered and its body is not wanted. A
+        request refused for its size is then never held whole (a 15 MiB batch was read and buffered again and
+        again only to be refused, slowing every other client)."""
+        check = self.body_checks.get(cmd.code)
+        if check is None or cmd.is_response:
+            return False
+        try:
+            if self.authorize is not None:
+                self.authorize(proto.channel, cmd)
+            check(size)
+        except Exception as exc:
+            self._reply(proto.channel, cmd, self._error_response(cmd, exc), time.perf_counter())
+            return True
+        return False
 
     def on_channel_closed(self, listener: Callable[[Channel], None]) -> None:
         self.close_listeners.append(listener)

@@ -112,12 +112,13 @@ class ConnectionLimits:
     max_unread_bytes: int = 4 << 20
     frame_budget: FrameBudget = field(default_factory=lambda: FrameBudget(128 << 20))
     max_inflight_bytes: int = 16 << 20
+    refused_bytes_per_second: int = 1 << 20
 
     @classmethod
     def from_config(cls, config) -> "ConnectionLimits":
         return cls(config.serverMaxUnreadBytesPerConnection,
                    FrameBudget(config.serverMaxBufferedFrameBytes, config.serverBufferedFrameWaitSeconds),
-                   config.serverMaxInflightBytesPerConnection)
+                   config.serverMaxInflightBytesPerConnection, config.refusedRequestBytesPerSecond)
 
 
 class ConnectionSet:
@@ -171,6 +172,9 @@ class BrokerProtocol(asyncio.Protocol):
         self.charged = 0  # what this connection holds of the shared frame budget
         self.waiting_for_budget = False
         self._budget_timer: asyncio.TimerHandle | None = None
+        self.refused_rate = limits.refused_bytes_per_second
+        self._refused_until = 0.0  # loop time until which the bytes of refused requests are being paid for
+        self._refused_timer: asyncio.TimerHandle | None = None
 
     def stop_reading(self) -> None:
         self._stopped = True
@@ -206,6 +210,9 @@ class BrokerProtocol(asyncio.Protocol):
         self._backlog.clear()
         self._backlog_bytes = 0
         self.decoder = FrameDecoder(self.decoder.max_frame)
+        if self._refused_timer is not None:
+            self._refused_timer.cancel()
+            self._refused_timer = None
         if self.waiting_for_budget:
             self.waiting_for_budget = False
             self._budget_timer.cancel()
@@ -227,15 +234,54 @@ class BrokerProtocol(asyncio.Protocol):
             log.warning("closing %s: %s", channel.remote, exc)
             self.transport.abort()
             return
+        refused = decoder.skipped
         if frames:
             self._backlog.extend(frames)
-            self._backlog_bytes += before + len(data) - decoder.buffered
+            self._backlog_bytes += before + len(data) - refused - decoder.buffered
+        if decoder.buffered > FREE_FRAME_BYTES:
+            refused += self._refuse_pending()
+        if refused:
+            self._pay_refused(refused)
         if self.charged or decoder.buffered + self._backlog_bytes > FREE_FRAME_BYTES:
             self._charge()
         if not self._slice_scheduled:
             self._dispatch_backlog()
         if len(self._backlog) >= MAX_BACKLOG and not self._reading_paused:
             self._update_reading()
+
+    def _refuse_pending(self) -> int:
+        """A large frame whose header arrived is answered now when its declared body is refused (the dispatcher
+        knows which requests bound their bodies): its bytes held are freed, the rest is discarded as it comes.
+        Returns the bytes of it that were held."""
+        pending = self.decoder.pending()
+        if pending is None:
+            return 0
+        frame, body_size = pending
+        try:
+            cmd = decode_command(frame)
+        except HeaderError:
+            return 0  # closed when the frame is complete, as any undecodable one
+        if not self.dispatcher.refuse_declared_body(self, cmd, body_size):
+            return 0
+        return self.decoder.skip_pending()
+
+    def _pay_refused(self, size: int) -> None:
+        """Read no more of this connection until ``size`` bytes of refused requests have passed at
+        refusedRequestBytesPerSecond: a client sending refused bodies again and again is slowed to that rate, not
+        served as fast as it writes."""
+        loop = asyncio.get_running_loop()
+        self._refused_until = max(self._refused_until, loop.time()) + size / self.refused_rate
+        if self._refused_timer is None:
+            self._refused_timer = loop.call_at(self._refused_until, self._refused_paid)
+            self._update_reading()
+
+    def _refused_paid(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._refused_until > loop.time():
+            self._refused_timer = loop.call_at(self._refused_until, self._refused_paid)
+            return
+        self._refused_timer = None
+        self._update_reading()
 
     def _charge(self) -> None:
         """Bring this connection's share of the frame budget up to date; over the budget, stop reading it."""
@@ -373,7 +419,7 @@ class BrokerProtocol(asyncio.Protocol):
     def _update_reading(self) -> None:
         should_pause = (self._stopped or self._writing_paused or self.inflight >= self.max_inflight
                         or self.inflight_bytes >= self.max_inflight_bytes or self.waiting_for_budget
-                        or len(self._backlog) >= MAX_BACKLOG)
+                        or len(self._backlog) >= MAX_BACKLOG or self._refused_timer is not None)
         if should_pause == self._reading_paused or self.transport is None or self.transport.is_closing():
             return
         self._reading_paused = should_pause

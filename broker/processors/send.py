@@ -46,9 +46,11 @@ class SendProcessor:
         self.producer = producer
 
     def register(self, dispatcher) -> None:
-        dispatcher.register(RequestCode.SEND_MESSAGE, self.send)
-        dispatcher.register(RequestCode.SEND_MESSAGE_V2, self.send)
-        dispatcher.register(RequestCode.SEND_BATCH_MESSAGE, self.send)
+        check_body = self.producer.check_body
+        dispatcher.register(RequestCode.SEND_MESSAGE, self.send, check_body)
+        dispatcher.register(RequestCode.SEND_MESSAGE_V2, self.send, check_body)
+        dispatcher.register(RequestCode.SEND_BATCH_MESSAGE, self.send,
+                            lambda size: check_body(size, "batch body"))
         dispatcher.register(RequestCode.CONSUMER_SEND_MSG_BACK, self.send_back)
 
     # --- SEND_MESSAGE / V2 / BATCH ---

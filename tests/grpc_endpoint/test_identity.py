@@ -266,7 +266,7 @@ def test_client_ids_per_address_and_in_all_are_bounded(grpc_broker_factory):
 
 
 def test_oversized_settings_are_refused(grpc_broker_factory, streams):
-    grpc_broker = grpc_broker_factory(grpcTelemetryRefusedBytesPerSecond=1 << 30)  # no pause after the refusal
+    grpc_broker = grpc_broker_factory(refusedRequestBytesPerSecond=1 << 30)  # no pause after the refusal
     stream = streams(grpc_broker.endpoint, "big@1")
     stream.send(producer_settings(["Pay"], user_agent_bytes=4 << 20))
     refused = stream.next()  # before it is parsed (before: parsed whole, each time, then refused)
@@ -283,7 +283,7 @@ def test_oversized_settings_are_refused(grpc_broker_factory, streams):
 def test_refused_commands_are_read_no_faster_than_their_bytes_are_paid_for(grpc_broker_factory, streams):
     # Before: 4 MiB settings back to back were each copied by grpc and refused at once, as fast as the client sent
     # them (another client's remoting sends halved, a gRPC client's p99 went from 60 to 290 ms).
-    broker = grpc_broker_factory(grpcTelemetryRefusedBytesPerSecond=64 << 10)  # a 2 MiB command: 32 s unread
+    broker = grpc_broker_factory(refusedRequestBytesPerSecond=64 << 10)  # a 2 MiB command: 32 s unread
     stream = streams(broker.endpoint, "flood@1")
     for _ in range(3):
         stream.send(producer_settings(["Pay"], user_agent_bytes=2 << 20))

@@ -47,6 +47,33 @@ def test_frames_survive_any_chunking(frames, cuts):
     assert decoder.buffered == 0
 
 
+@given(st.lists(st.tuples(st.binary(max_size=20), st.binary(max_size=100), st.booleans()), min_size=1, max_size=6),
+       st.lists(st.integers(1, 64), min_size=1, max_size=10))
+def test_a_dropped_frame_is_skipped_whole_under_any_chunking(frames, cuts):
+    """``pending`` shows a frame once, when its header is complete and its body is not; each frame marked to drop
+    is dropped then, and the frames around it come out whole. Every byte of a dropped frame is counted once, as
+    held when it was dropped or as skipped after."""
+    stream = b"".join(encode_frame(0, h, b) for h, b, _drop in frames)
+    decoder, got, dropped, pos, i, discarded = FrameDecoder(), [], [], 0, 0, 0
+    while pos < len(stream):
+        step = cuts[i % len(cuts)]
+        got += decoder.feed(stream[pos:pos + step])
+        discarded += decoder.skipped
+        pending = decoder.pending()
+        if pending is not None:
+            index = len(got) + len(dropped)
+            header, body, drop = frames[index]
+            assert (pending[0].header, pending[1]) == (header, len(body))
+            assert decoder.pending() is None  # once per frame
+            if drop:
+                discarded += decoder.skip_pending()
+                dropped.append(index)
+        pos, i = pos + step, i + 1
+    assert [(f.header, f.body) for f in got] == [(h, b) for k, (h, b, _d) in enumerate(frames) if k not in dropped]
+    assert discarded == sum(8 + len(frames[k][0]) + len(frames[k][1]) for k in dropped)
+    assert decoder.buffered == 0
+
+
 def test_frame_golden_bytes():
     assert encode_frame(0, b"{}", b"xy") == b"\x00\x00\x00\x08\x00\x00\x00\x02{}xy"
     assert encode_frame(1, b"H", b"") == b"\x00\x00\x00\x05\x01\x00\x00\x01H"
