@@ -4,6 +4,6 @@ adapter of the messaging service (broker/messaging/), as the remoting processors
 Needs the ``grpc`` extra (grpcio, protobuf). Layout: schema (the published .proto files, compiled), auth (client
 metadata and the 5.x ACL signature), status (Status answers, from the broker's one error table), convert (gRPC
 Message ⇄ stored record), sessions (clients and their telemetry streams), route (route, heartbeat, assignment,
-settings), send (send, transactions), group_commit (concurrent calls' writes in one store group), receive (receive
+settings), send (send, transactions), refused (what a connection owes for refused inflation), group_commit (concurrent calls' writes in one store group), receive (receive
 with invisibility, ack, DLQ), server (the grpc.aio server).
 """

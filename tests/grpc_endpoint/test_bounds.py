@@ -363,8 +363,9 @@ def test_a_held_receive_is_woken_by_a_send(grpc_broker):
 
 # --- 5 and 6: inflating compressed bodies -----------------------------------------------------------------------
 
-def test_a_gzip_body_is_inflated_no_further_than_max_message_size(grpc_broker):
+def test_a_gzip_body_is_inflated_no_further_than_max_message_size(grpc_broker_factory):
     """Before: a 191 KiB gzip body was inflated to 381 MiB, and only then compared with maxMessageSize."""
+    grpc_broker = grpc_broker_factory(refusedRequestBytesPerSecond=1 << 30)  # its refusal is paid for at once
     body = gzip_of_zeros(256 * MiB)
     with stub(grpc_broker) as service, PeakMemory() as peak:
         answer = service.SendMessage(send_request("Gzipped", body, Encoding.GZIP), metadata=metadata(grpc_broker),
@@ -377,6 +378,24 @@ def test_a_gzip_body_is_inflated_no_further_than_max_message_size(grpc_broker):
         fits = service.SendMessage(send_request("Gzipped", gzip_of_zeros(MiB), Encoding.GZIP),
                                    metadata=metadata(grpc_broker), timeout=30)
     assert corrupt.status.code == Code.MESSAGE_CORRUPTED and fits.status.code == Code.OK
+
+
+def test_a_connection_pays_for_a_gzip_body_it_made_the_broker_inflate_past_the_limit(grpc_broker_factory):
+    """Before: bench_hostile's grpc_gzip_bomb, sent again as soon as it was refused, kept the broker inflating: the
+    good remoting client's sends fell from about 40,000 to 7,700 in 8 s. Now the refusal comes once maxMessageSize
+    (here 1 MiB) has passed at refusedRequestBytesPerSecond (here 64 KiB/s: 16 s), and the connection's next gzip
+    body waits as long before it is inflated; other connections are served meanwhile."""
+    broker = grpc_broker_factory(maxMessageSize=MiB, refusedRequestBytesPerSecond=64 << 10)
+    bomb = send_request("Gzipped", gzip_of_zeros(64 * MiB), Encoding.GZIP)
+    with stub(broker, own_connection=True) as attacker, stub(broker, own_connection=True) as good:
+        with pytest.raises(grpc.RpcError) as first:
+            attacker.SendMessage(bomb, metadata=metadata(broker), timeout=3)
+        assert first.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        small = send_request("Gzipped", gzip_of_zeros(MiB), Encoding.GZIP)  # fits
+        with pytest.raises(grpc.RpcError) as second:
+            attacker.SendMessage(small, metadata=metadata(broker), timeout=3)
+        assert second.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert good.SendMessage(small, metadata=metadata(broker), timeout=3).status.code == Code.OK
 
 
 def test_a_stored_compressed_body_beyond_max_message_size_goes_to_the_dlq_without_being_inflated(
