@@ -156,12 +156,14 @@ class Progress:
             pass
 
 
-async def start_broker(*flags: str) -> tuple[asyncio.subprocess.Process, re.Match]:
+async def start_broker(*flags: str, dashboard: bool = True) -> tuple[asyncio.subprocess.Process, re.Match]:
     """A broker subprocess on free loopback ports over a temporary store (removed by remove_temp_stores), with
-    ``flags`` added (gRPC off unless a flag turns it on): (process, the match of its ready line: broker, namesrv and
-    metrics addresses)."""
+    ``flags`` added (gRPC off unless a flag turns it on, the dashboard off; ``dashboard=False``: a broker from before
+    the dashboard, which knows no such key): (process, the match of its ready line: broker, namesrv and metrics
+    addresses)."""
     cmd = [sys.executable, "-m", "halfmq.broker.cli", "broker", "--bindAddress=127.0.0.1", "--listenPort=0",
-           "--namesrvListenPort=0", "--grpcListenPort=-1", "--dashboardPort=-1", f"--storePathRootDir={temp_store()}", *flags]
+           "--namesrvListenPort=0", "--grpcListenPort=-1", *(["--dashboardPort=-1"] if dashboard else []),
+           f"--storePathRootDir={temp_store()}", *flags]
     proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     try:
         while True:

@@ -35,7 +35,6 @@ from halfmq.broker.grpc.schema import SERVICE, Code, MessageType, pb  # noqa: E4
 from halfmq.client import Message, Producer  # noqa: E402
 
 HERE = Path(__file__).resolve().parents[1]
-PACKAGES = ("broker", "protocol", "store", "client", "pipeline")
 
 
 def send_requests(topic: str, size: int, count: int) -> list[bytes]:
@@ -111,8 +110,9 @@ def package_path(tree: Path, scratch: str) -> dict[str, str]:
         return {}
     root = Path(tempfile.mkdtemp(prefix="halfmq-tree-", dir=scratch))
     (root / "halfmq").mkdir()
-    for name in PACKAGES:
-        (root / "halfmq" / name).symlink_to(tree / name)
+    for package in tree.iterdir():
+        if (package / "__init__.py").is_file():
+            (root / "halfmq" / package.name).symlink_to(package)
     return {"PYTHONPATH": str(root)}
 
 
@@ -121,7 +121,8 @@ async def start_tree_broker(tree: str, scratch: str):
     saved = os.environ.get("PYTHONPATH")
     os.environ.update(package_path(Path(tree).resolve(), scratch))  # the broker inherits it
     try:
-        proc, ready = await start_broker("--metricsPromExporterPort=-1", "--grpcListenPort=0", "--logLevel=WARNING")
+        proc, ready = await start_broker("--metricsPromExporterPort=-1", "--grpcListenPort=0", "--logLevel=WARNING",
+                                         dashboard=(Path(tree) / "dashboard").is_dir())
     finally:
         if saved is None:
             os.environ.pop("PYTHONPATH", None)
