@@ -116,9 +116,11 @@ class ConnectionLimits:
 
     @classmethod
     def from_config(cls, config) -> "ConnectionLimits":
+        # A name server refuses no request from its header (it registers no body check), so it has no such key.
+        refused = getattr(config, "refusedRequestBytesPerSecond", cls.refused_bytes_per_second)
         return cls(config.serverMaxUnreadBytesPerConnection,
                    FrameBudget(config.serverMaxBufferedFrameBytes, config.serverBufferedFrameWaitSeconds),
-                   config.serverMaxInflightBytesPerConnection, config.refusedRequestBytesPerSecond)
+                   config.serverMaxInflightBytesPerConnection, refused)
 
 
 class ConnectionSet:

@@ -41,7 +41,10 @@ asyncio.run(main(sys.argv[1]))
 
 
 async def test_a_stalled_producer_does_not_take_the_checks_of_its_group(broker_factory):
-    broker = await broker_factory(transactionTimeOut=100, transactionCheckInterval=200, transactionCheckMax=2)
+    # No half is checked before the child is stopped: a check it reads while still running (and leaves unanswered)
+    # counts, and two of them discard the half (a CI run on a loaded machine timed out so with transactionTimeOut
+    # 100 ms, the child's first halves being older than that before it was stopped).
+    broker = await broker_factory(transactionTimeOut=3000, transactionCheckInterval=200, transactionCheckMax=2)
     live = await RawClient.connect(broker.addr)
     await live.heartbeat("live-producer", producer_groups=[GROUP])
     child = await asyncio.create_subprocess_exec(sys.executable, "-c", CHILD, broker.addr, cwd=str(ROOT),
