@@ -7,7 +7,7 @@ from aiohttp import web
 
 from halfmq.client.admin import Admin
 
-from .auth import Sessions
+from .auth import Session, Sessions
 from .history import History
 from .settings import DashboardSettings
 
@@ -18,6 +18,8 @@ SHARED_ADMIN = web.AppKey("admin", Admin)
 TEMPLATES = web.AppKey("templates", jinja2.Environment)
 #: the menu: (path, title) of every page that has one, in order; filled by server.build_app from the page modules
 NAV = web.AppKey("nav", list)
+#: the signed-in session of the request (set by server's session middleware)
+SESSION = web.RequestKey("session", Session)
 
 
 def json_error(status: int, message: str) -> web.Response:
@@ -26,7 +28,7 @@ def json_error(status: int, message: str) -> web.Response:
 
 def render(request: web.Request, template: str, context: dict, status: int = 200) -> web.Response:
     """A page: the template with what every page shows (menu, account, CSRF token for its forms)."""
-    session = request["session"]
+    session = request[SESSION]
     env = request.app[TEMPLATES]
     html = env.get_template(template).render(
         nav=request.app[NAV], path=request.path, csrf=session.csrf, account=session.access_key,
@@ -40,7 +42,7 @@ def error_page(request: web.Request, status: int, message: str) -> web.Response:
 
 def admin_for(request: web.Request) -> Admin:
     """The admin client acting for this request: the signed-in account's (ACL on) or the dashboard's own."""
-    session = request["session"]
+    session = request[SESSION]
     if session.credentials is None:
         return request.app[SHARED_ADMIN]
     admin = session.data.get("admin")

@@ -11,7 +11,7 @@ from aiohttp import web
 from halfmq.client.errors import BrokerError
 from halfmq.protocol.codes import ResponseCode
 
-from .page import HISTORY, admin_for, render
+from .page import HISTORY, SESSION, admin_for, render
 from .params import Refused, form_of, integer, refusals, served, text, timestamp, utc
 
 routes = web.RouteTableDef()
@@ -148,7 +148,7 @@ served(routes, "/groups", groups, "groups.html")
 @refusals
 async def group_page(request: web.Request) -> web.Response:
     data = await group(request)
-    return render(request, "group.html", {**data, "flash": request["session"].data.pop("flash", None)})
+    return render(request, "group.html", {**data, "flash": request[SESSION].data.pop("flash", None)})
 
 
 @routes.post("/groups/{group}/reset")
@@ -157,6 +157,6 @@ async def reset_form(request: web.Request) -> web.Response:
     """The page's form: reset, then back to the group's page, which says what was done (a reload of it does not
     reset again)."""
     done = await reset(request)
-    request["session"].data["flash"] = (f"Reset {len(done['queues'])} queue(s) of {done['topic'] or 'every topic'} "
+    request[SESSION].data["flash"] = (f"Reset {len(done['queues'])} queue(s) of {done['topic'] or 'every topic'} "
                                         f"to {utc(done['timestamp'])} UTC.")
     raise web.HTTPSeeOther(f"/groups/{quote(done['group'], safe='')}")

@@ -9,7 +9,7 @@ from halfmq.client.remoting import Credentials
 
 from .auth import COOKIE
 from .auth import LoginFailures
-from .page import SESSIONS, SETTINGS, render
+from .page import SESSION, SESSIONS, SETTINGS, render
 
 LOGIN_FAILURES = web.AppKey("login_failures", LoginFailures)
 
@@ -54,7 +54,7 @@ async def login(request: web.Request) -> web.Response:
         return render(request, "login.html", {"error": f"No broker answered: {exc}", "next": target}, status=502)
     # A new session for the signed-in account: a token set before sign-in (a planted cookie) is worth nothing.
     sessions = request.app[SESSIONS]
-    old = request["session"]
+    old = request[SESSION]
     if "admin" in old.data:
         await old.data.pop("admin").close()
     sessions.end(old)
@@ -68,7 +68,7 @@ async def login(request: web.Request) -> web.Response:
 
 @routes.post("/logout")
 async def logout(request: web.Request) -> web.Response:
-    session = request["session"]
+    session = request[SESSION]
     admin = session.data.pop("admin", None)
     if admin is not None:
         await admin.close()

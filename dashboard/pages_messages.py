@@ -25,7 +25,7 @@ from halfmq.protocol.codes import RequestCode, ResponseCode, SysFlag
 from halfmq.protocol.headers import ConsumeStatsRequestHeader
 from halfmq.protocol.message import decode_offset_msg_id
 
-from .page import SETTINGS, admin_for, render
+from .page import SESSION, SETTINGS, admin_for, render
 from .params import Refused, choice, integer, refusals, text, timestamp, topic_name, utc
 
 routes = web.RouteTableDef()
@@ -336,7 +336,7 @@ async def resend(request: web.Request) -> dict:
     body, _compressed = body_of(msg)
     user = {k: v for k, v in msg.properties.items() if k not in P.RESERVED_KEYS}
     settings = request.app[SETTINGS]
-    async with Producer(RESEND_GROUP, settings.namesrv, auto_create=False, credentials=request["session"].credentials,
+    async with Producer(RESEND_GROUP, settings.namesrv, auto_create=False, credentials=request[SESSION].credentials,
                         send_timeout=settings.request_timeout_s) as producer:
         sent = await producer.send(Message(origin, body, tags=msg.tags, keys=msg.keys, properties=user,
                                            flag=msg.flag))

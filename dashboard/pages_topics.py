@@ -13,7 +13,7 @@ from aiohttp import web
 
 from halfmq.client.admin import Admin
 
-from .page import admin_for, render
+from .page import SESSION, admin_for, render
 from .params import TOPIC_NAME, Refused, choice, form_of, integer, refusals, text, topic_name, utc
 
 routes = web.RouteTableDef()
@@ -82,7 +82,7 @@ async def topics(request: web.Request) -> dict:
     size = integer(q, "size", 50, 1, MAX_SIZE)
     after = text(q, "after", max_length=127) or None
     page = await admin_for(request).topic_stats_page(size, after, contains, KINDS[kind])
-    session = request["session"]
+    session = request[SESSION]
     return {"topics": [_topic_row(session, entry) for entry in page["topics"]], "next": page["next"],
             "totals": page["totals"], "errors": page["errors"],
             "filter": {"contains": contains, "kind": kind, "size": size, "after": after or ""}}
@@ -92,7 +92,7 @@ async def topic(request: web.Request) -> dict:
     """A topic on each broker holding it, with each queue's offsets and last store time."""
     name = topic_name(request.match_info["name"])
     rows, errors = await admin_for(request).topic_stats(name)
-    session = request["session"]
+    session = request[SESSION]
     brokers = []
     for row in rows:
         queues = [{**q, "messages": q["maxOffset"] - q["minOffset"], "lastStoreTime": utc(q["lastStoreTimestamp"])}

@@ -18,7 +18,7 @@ from halfmq.client.errors import IllegalOperationError
 from halfmq.protocol.errors import MessageFormatError
 from halfmq.protocol.message import decode_offset_msg_id
 
-from .page import HISTORY, SETTINGS, admin_for
+from .page import HISTORY, SESSION, SETTINGS, admin_for
 from .params import Refused, choice, integer, refusals, served
 
 routes = web.RouteTableDef()
@@ -240,7 +240,7 @@ def audit(records: list[dict], now_ms: int) -> dict:
 async def _audit(request: web.Request, admin: Admin, broker: Broker) -> dict:
     """The audit of ``broker``'s newest AUDIT_WINDOW records, kept in the session for a sample interval: charts
     refresh every few seconds and must not read the window each time."""
-    cache = request["session"].data.setdefault("transaction_audit", {})
+    cache = request[SESSION].data.setdefault("transaction_audit", {})
     kept = cache.get(broker.addr)
     if kept is not None and time.monotonic() - kept[0] < request.app[SETTINGS].sample_interval_s:
         return kept[1]

@@ -17,7 +17,7 @@ from . import (pages_config, pages_groups, pages_login, pages_messages, pages_ov
                pages_transactions)
 from .auth import COOKIE, SAFE_METHODS, LoginFailures, Sessions, csrf_ok
 from .history import History
-from .page import HISTORY, NAV, SESSIONS, SETTINGS, SHARED_ADMIN, TEMPLATES, error_page, json_error
+from .page import HISTORY, NAV, SESSION, SESSIONS, SETTINGS, SHARED_ADMIN, TEMPLATES, error_page, json_error
 from .settings import DashboardSettings
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ async def session_middleware(request: web.Request, handler):
     created = session is None
     if created:
         session = sessions.new()
-    request["session"] = session
+    request[SESSION] = session
     api = request.path.startswith("/api/")
     try:
         if request.method not in SAFE_METHODS:
