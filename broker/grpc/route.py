@@ -246,7 +246,7 @@ class RouteService:
                     # never fill the stream's unread bound: a client sending such commands back to back was read
                     # as fast as it sent (4 MiB each, measured: another client's remoting sends halved, a gRPC
                     # client's p99 went from 60 to 290 ms). Not read again until its bytes are paid for.
-                    await asyncio.sleep(command.size / self.ctx.config.refusedRequestBytesPerSecond)
+                    await self.endpoint.refused.pay(caller.remote, command.size)
                 elif command.HasField("settings"):
                     try:
                         reply = await self.settings(command.settings, caller, session)

@@ -17,9 +17,8 @@ from ..errors import BrokerError, Failure
 from .auth import PUB, TOPIC, Caller, require
 from .convert import peer_host, to_record
 from .group_commit import GroupCommit
-from .refused import RefusedBytes
 from .route import checked_topic
-from .schema import Code, TransactionResolution, TransactionSource, pb
+from .schema import Code, Encoding, TransactionResolution, TransactionSource, pb
 from .sessions import parse_transaction_id, transaction_group, transaction_id
 from .status import GrpcError, ok, status_for
 
@@ -41,7 +40,7 @@ class SendService:
         self.sessions = endpoint.sessions
         self.producer = producer
         self.writes = GroupCommit()
-        self.refused = RefusedBytes(self.ctx.config.refusedRequestBytesPerSecond)
+        self.refused = endpoint.refused
 
     async def send_message(self, request, caller: Caller, context):
         if not request.messages:
@@ -51,14 +50,13 @@ class SendService:
             raise GrpcError(Code["BAD_REQUEST"], f"the request holds {len(request.messages)} messages, more than "
                                                  f"maxBatchMessageCount {most}")
         session = self.sessions.get(caller.client_id)
-        peer = context.peer()
-        born_host = peer_host(peer)
+        born_host = peer_host(context.peer())
         response = pb.SendMessageResponse()
         failures = 0
         for msg in request.messages:
             entry = response.entries.add()
             try:
-                await self._send_one(msg, caller, session, peer, born_host, entry)
+                await self._send_one(msg, caller, session, born_host, entry)
                 entry.status.CopyFrom(ok())
             except Exception as exc:
                 entry.status.CopyFrom(status_for(exc))
@@ -71,19 +69,20 @@ class SendService:
             response.status.CopyFrom(pb.Status(code=Code["MULTIPLE_RESULTS"], message="some messages failed"))
         return response
 
-    async def _send_one(self, msg, caller: Caller, session, peer: str, born_host: str, entry) -> None:
+    async def _send_one(self, msg, caller: Caller, session, born_host: str, entry) -> None:
         producer = self.producer
         topic = checked_topic(msg.topic)
         require(caller, (TOPIC, topic, PUB))
         producer.check_topic(topic)
         producer.check_body(len(msg.body))
-        await self.refused.paid(peer)
+        gzipped = msg.system_properties.body_encoding == Encoding["GZIP"]
+        if gzipped:
+            await self.refused.paid(caller.remote)
         try:
             rec = to_record(msg, born_host, self.ctx.store_host, producer.max_body)
         except BrokerError as exc:
-            if exc.failure is Failure.BODY_TOO_LARGE:  # inflated to maxMessageSize for nothing: the connection pays
-                self.refused.charge(peer, producer.max_body)
-                await self.refused.paid(peer)
+            if gzipped and exc.failure is Failure.BODY_TOO_LARGE:  # inflated to maxMessageSize for nothing
+                await self.refused.pay(caller.remote, producer.max_body)
             raise
         producer.check_body(len(rec.body), "decompressed body")  # (a gzip body inflates no further than that)
         props = rec.properties

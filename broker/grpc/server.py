@@ -23,6 +23,7 @@ from ..services.periodic import PeriodicTask
 from .auth import authenticate
 from .oversized import Oversized, bounded
 from .receive import AUTO_RENEW_INTERVAL_S, ReceiveService, not_found
+from .refused import RefusedBytes
 from .route import RouteService
 from .schema import SERVICE, Code, pb, rpc_names, rpc_types
 from .send import SendService
@@ -50,6 +51,8 @@ class GrpcEndpoint:
         self.port = 0
         self.addr = ""
         self.sessions = Sessions(ctx)
+        #: what each connection owes for requests refused for their size (telemetry commands, gzip bodies)
+        self.refused = RefusedBytes(ctx.config.refusedRequestBytesPerSecond)
         #: with namesrvAddr, routes list the whole cluster's queues (route.py)
         self.lookup = RouteLookup(ctx.config) if ctx.config.namesrvAddr else None
         self.route = RouteService(self, producer)
