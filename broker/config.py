@@ -96,9 +96,9 @@ class BrokerConfig:
     refusedRequestBytesPerSecond: int = _doc(
         "how fast the bytes of requests refused for their size are read, bytes a second, on either protocol: a "
         "remoting send declaring a body over maxMessageSize is answered once its header arrived and the rest of its "
-        "frame is read at this rate and discarded; a gRPC telemetry command over grpcTelemetryMaxSettingsBytes "
-        "(grpc copies it whole before it can be refused) stops its stream being read until its size has passed at "
-        "this rate; a gRPC gzip body that inflates past maxMessageSize is refused, and the connection's next gzip "
+        "frame is read at this rate and discarded; a gRPC request refused unparsed for its size (grpc copies it "
+        "whole first) is answered, and a telemetry stream read again, once its size has passed at this rate; a "
+        "gRPC gzip body that inflates past maxMessageSize is refused, and the connection's next gzip "
         "body inflated, once maxMessageSize has passed at this rate", default=1 << 20, meta={"min": 1})
     serverMaxInflightPerConnection: int = _doc("requests one connection may have in progress before the broker "
                                                "stops reading from it", default=1024, meta={"min": 1})

@@ -21,6 +21,7 @@ import grpc
 from ..namesrv.lookup import RouteLookup
 from ..services.periodic import PeriodicTask
 from .auth import authenticate
+from .convert import peer_host
 from .oversized import Oversized, bounded
 from .receive import AUTO_RENEW_INTERVAL_S, ReceiveService, not_found
 from .refused import RefusedBytes
@@ -103,6 +104,7 @@ class GrpcEndpoint:
         async def call(request, context):
             self.requests += 1
             if type(request) is Oversized:
+                await self._pay_for(request, context)
                 return response_cls(status=request.status())
             try:
                 caller = authenticate(self.ctx.acl, context)
@@ -120,6 +122,7 @@ class GrpcEndpoint:
         control, so a stream whose answers are not read holds its messages (bounded) instead of piling answers."""
         self.requests += 1
         if type(request) is Oversized:
+            await self._pay_for(request, context)
             await context.write(pb.ReceiveMessageResponse(status=request.status()))
             return
         try:
@@ -136,6 +139,12 @@ class GrpcEndpoint:
             await self.receive.deliver(delivery, context.write)
         except Exception as exc:  # the store failed while writing: the stream still ends with a Status
             await context.write(pb.ReceiveMessageResponse(status=status_for(exc)))
+
+    async def _pay_for(self, request: Oversized, context) -> None:
+        """grpc received and copied a refused request whole before it got here, and its answer is a few bytes:
+        the connection pays for its size before it is answered (a client sending them back to back is slowed to
+        refusedRequestBytesPerSecond, not served as fast as it sends)."""
+        await self.refused.pay(peer_host(context.peer() or ""), request.size)
 
     @staticmethod
     def _not_served(name: str, response_cls):

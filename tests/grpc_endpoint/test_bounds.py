@@ -315,6 +315,27 @@ def test_a_request_larger_than_its_rpc_needs_is_refused_before_it_is_parsed(grpc
     assert answered.status.code != Code.PAYLOAD_TOO_LARGE and len(answered.entries) == 1000
 
 
+def test_a_connection_pays_for_a_request_refused_unparsed_before_it_is_answered(grpc_broker_factory):
+    """grpc copies a request whole before the broker refuses it unparsed: answered at once, a client sending such
+    requests back to back was read as fast as it sent. Now its connection waits until the request's size has passed
+    at refusedRequestBytesPerSecond (here 64 KiB/s: a 1 MiB AckMessage, 16 s); other connections are served."""
+    broker = grpc_broker_factory(grpcRequestHeadroomBytes=64 << 10, refusedRequestBytesPerSecond=64 << 10)
+    request = AckMessageRequest()
+    request.group.name, request.topic.name = "Ackers", "Acked"
+    for index in range(60_000):
+        request.entries.add(message_id=f"m{index}", receipt_handle=f"0:{index:x}:1")
+    assert request.ByteSize() > MiB
+    small = AckMessageRequest()
+    small.group.name, small.topic.name = "Ackers", "Acked"
+    small.entries.add(message_id="m", receipt_handle="0:1:1")
+    with stub(broker, own_connection=True) as attacker, stub(broker, own_connection=True) as good:
+        with pytest.raises(grpc.RpcError) as refused:
+            attacker.AckMessage(request, metadata=metadata(broker), timeout=3)
+        assert refused.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        answered = good.AckMessage(small, metadata=metadata(broker), timeout=3)
+    assert [e.status.code for e in answered.entries] == [Code.INVALID_RECEIPT_HANDLE]
+
+
 # --- 4: held receives -------------------------------------------------------------------------------------------
 
 def test_held_receives_count_against_the_long_poll_budget_of_the_connection_and_the_broker(grpc_broker_factory):
