@@ -253,16 +253,17 @@ class Broker:
             log.warning("grpcListenPort=%d: RocketMQ 5 (gRPC) clients are not served: %s (install the grpc extra: "
                         "pip install 'halfmq[grpc]'; grpcListenPort=-1 turns this off)", cfg.grpcListenPort, exc)
             return
-        tls = None
-        if cfg.tlsEnable:
-            with open(cfg.tlsServerCertPath, "rb") as cert, open(cfg.tlsServerKeyPath, "rb") as key:
-                tls = (cert.read(), key.read())
+        tls = self._tls_context()
+        if tls is not None:
+            tls.set_alpn_protocols(["h2"])  # gRPC clients ask for HTTP/2 by ALPN
+        loop = asyncio.get_running_loop()
         self.grpc = GrpcEndpoint(ctx, self.producer, self.consumer)
         try:
-            self.grpc_port = await self.grpc.start(cfg.bindAddress, cfg.grpcListenPort, tls)
-        except OSError as exc:
+            self.grpc_port = await self.grpc.start(
+                lambda factory: self._listen(loop, factory, cfg.grpcListenPort, tls, "grpcListenPort"))
+        except StartError:
             self.grpc = None
-            raise StartError(f"grpcListenPort={cfg.grpcListenPort}: {exc}") from None
+            raise
         self.grpc_addr = format_address((cfg.bindAddress or "0.0.0.0", self.grpc_port))
         task = PeriodicTask("expire-grpc-clients", CLIENT_SCAN_INTERVAL_S, self.grpc.expire_sessions)
         self.periodic.append(task)

@@ -1,27 +1,29 @@
-"""The gRPC endpoint: a ``grpc.aio`` server on grpcListenPort serving ``apache.rocketmq.v2.MessagingService``.
+"""The gRPC endpoint: ``apache.rocketmq.v2.MessagingService`` on grpcListenPort, served by http2.py on the broker's
+loop.
 
 Each RPC is authenticated (auth.py), handed to its service (route, send, receive) and answered with a Status
 whatever happens: a failure becomes the reference's Code (status.py), never a gRPC error the 5.x clients do not
 read. RPCs halfmq does not serve (PullMessage, the offset RPCs, lite topics) answer NOT_IMPLEMENTED.
 
-A request larger than maxMessageSize + grpcRequestHeadroomBytes is refused RESOURCE_EXHAUSTED by grpc itself,
+A request larger than maxMessageSize + grpcRequestHeadroomBytes is refused RESOURCE_EXHAUSTED by the transport,
 from its length prefix (measured before: 8 half-sent 40 MiB messages on one connection cost the broker 258 MiB).
 Smaller limits per RPC are applied before parsing (oversized.py): a request that is not a send is parsed only up to
 grpcRequestHeadroomBytes, a Telemetry message up to grpcTelemetryMaxSettingsBytes and its envelope.
 A connection has at most grpcMaxStreamsPerConnection RPCs open at once (HTTP/2's own limit: more wait in the
-client).
+client), and holds at most serverMaxInflightBytesPerConnection of incomplete requests (more wait in the client).
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-
-import grpc
+from typing import Awaitable, Callable
 
 from ..namesrv.lookup import RouteLookup
 from ..services.periodic import PeriodicTask
 from .auth import authenticate
 from .convert import peer_host
+from .http2 import BIDI, SERVER_STREAM, UNARY, Http2GrpcServer, Method
 from .oversized import Oversized, bounded
 from .receive import AUTO_RENEW_INTERVAL_S, ReceiveService, not_found
 from .refused import RefusedBytes
@@ -59,7 +61,7 @@ class GrpcEndpoint:
         self.route = RouteService(self, producer)
         self.send = SendService(self, producer)
         self.receive = ReceiveService(self, consumer)
-        self._server: grpc.aio.Server | None = None
+        self._server: Http2GrpcServer | None = None
         self._renewal: PeriodicTask | None = None
         self.requests = 0
         unary = {
@@ -74,29 +76,29 @@ class GrpcEndpoint:
             "ChangeInvisibleDuration": self.receive.change_invisible_duration,
             "ForwardMessageToDeadLetterQueue": self.receive.forward_to_dead_letter_queue,
         }
-        self._handlers = {}
+        self._methods: dict[str, Method] = {}
         config = ctx.config
         for name in rpc_names():
             request_cls, response_cls, client_streams, server_streams = rpc_types(name)
-            # A send may be as large as grpc lets in (maxMessageSize + headroom); a Telemetry message is settings
-            # (grpcTelemetryMaxSettingsBytes, with the command around them); any other request is all envelope.
+            # A send may be as large as the transport lets in (maxMessageSize + headroom); a Telemetry message is
+            # settings (grpcTelemetryMaxSettingsBytes, with the command around them); any other request is all
+            # envelope.
             limit = (config.maxMessageSize + config.grpcRequestHeadroomBytes if name == "SendMessage" else
                      config.grpcTelemetryMaxSettingsBytes + TELEMETRY_ENVELOPE_BYTES if name == "Telemetry" else
                      config.grpcRequestHeadroomBytes)
-            options = dict(request_deserializer=bounded(request_cls.FromString, limit, name),
-                           response_serializer=response_cls.SerializeToString)
+            parse, serialize = bounded(request_cls.FromString, limit, name), response_cls.SerializeToString
             if name == "Telemetry":
-                handler = grpc.stream_stream_rpc_method_handler(self.route.telemetry, **options)
+                method = Method(BIDI, parse, serialize, self.route.telemetry)
             elif name == "ReceiveMessage":
-                handler = grpc.unary_stream_rpc_method_handler(self._receive_message, **options)
+                method = Method(SERVER_STREAM, parse, serialize, self._receive_message)
             elif name in unary:
-                handler = grpc.unary_unary_rpc_method_handler(self._unary(unary[name], response_cls), **options)
+                method = Method(UNARY, parse, serialize, self._unary(unary[name], response_cls))
             elif server_streams:
-                handler = grpc.unary_stream_rpc_method_handler(self._not_served_stream(name, response_cls),
-                                                               **options)
+                method = Method(SERVER_STREAM, parse, serialize, self._not_served_stream(name, response_cls))
             else:
-                handler = grpc.unary_unary_rpc_method_handler(self._not_served(name, response_cls), **options)
-            self._handlers[name] = handler
+                method = Method(UNARY, parse, serialize, self._not_served(name, response_cls))
+            self._methods[f"/{SERVICE}/{name}"] = method
+        self._methods[f"/{METRICS_SERVICE}/Export"] = Method(UNARY, bytes, bytes, _discard_metrics)
 
     def _unary(self, serve, response_cls):
         takes_context = serve.__name__ == "send_message"
@@ -118,7 +120,7 @@ class GrpcEndpoint:
         return call
 
     async def _receive_message(self, request, context) -> None:
-        """A server-streaming handler that writes with ``context.write``: each write waits for grpc's flow
+        """A server-streaming handler that writes with ``context.write``: each write waits for HTTP/2's flow
         control, so a stream whose answers are not read holds its messages (bounded) instead of piling answers."""
         self.requests += 1
         if type(request) is Oversized:
@@ -141,7 +143,7 @@ class GrpcEndpoint:
             await context.write(pb.ReceiveMessageResponse(status=status_for(exc)))
 
     async def _pay_for(self, request: Oversized, context) -> None:
-        """grpc received and copied a refused request whole before it got here, and its answer is a few bytes:
+        """The transport received a refused request whole before it got here, and its answer is a few bytes:
         the connection pays for its size before it is answered (a client sending them back to back is slowed to
         refusedRequestBytesPerSecond, not served as fast as it sends)."""
         await self.refused.pay(peer_host(context.peer() or ""), request.size)
@@ -160,32 +162,15 @@ class GrpcEndpoint:
 
         return call
 
-    async def start(self, host: str, port: int, tls: tuple[bytes, bytes] | None) -> int:
-        """Listen on host:port (TLS with the given PEM certificate chain and key); returns the bound port.
-
-        Raises:
-            OSError: the port cannot be bound.
-        """
+    async def start(self, listen: Callable[[Callable[[], asyncio.Protocol]], Awaitable]) -> int:
+        """Serve on the socket ``listen(protocol_factory)`` opens (its TLS context offering ALPN ``h2``); returns
+        the bound port."""
         config = self.ctx.config
-        largest = config.maxMessageSize + config.grpcRequestHeadroomBytes
-        server = grpc.aio.server(options=[("grpc.max_receive_message_length", largest),
-                                          ("grpc.max_send_message_length", largest),
-                                          ("grpc.max_concurrent_streams", config.grpcMaxStreamsPerConnection),
-                                          ("grpc.so_reuseport", 0)])
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, self._handlers),
-                                         grpc.method_handlers_generic_handler(METRICS_SERVICE, {
-                                             "Export": grpc.unary_unary_rpc_method_handler(_discard_metrics)})))
-        target = f"[{host}]:{port}" if ":" in host else f"{host or '0.0.0.0'}:{port}"
-        try:
-            if tls is None:
-                bound = server.add_insecure_port(target)
-            else:
-                bound = server.add_secure_port(target, grpc.ssl_server_credentials([(tls[1], tls[0])]))
-        except RuntimeError as exc:  # grpc reports a failed bind this way
-            raise OSError(f"cannot listen on {target}: {exc}") from None
-        if bound == 0:
-            raise OSError(f"cannot listen on {target}")
-        await server.start()
+        server = Http2GrpcServer(self._methods, max_request=config.maxMessageSize + config.grpcRequestHeadroomBytes,
+                                 max_streams=config.grpcMaxStreamsPerConnection,
+                                 max_held_bytes=config.serverMaxInflightBytesPerConnection,
+                                 max_connections=config.serverMaxConnections)
+        bound = await server.start(listen)
         self._server = server
         self._renewal = PeriodicTask("grpc-auto-renew", AUTO_RENEW_INTERVAL_S, self.receive.renew)
         self._renewal.start()

@@ -136,7 +136,7 @@ def test_send_refusals_answer_the_reference_codes(grpc_broker_factory):
 
 WITHOUT_GRPC = """
 import sys
-sys.modules["grpc"] = None  # as if the grpc extra were not installed
+sys.modules["h2"] = None  # as if the grpc extra were not installed
 from halfmq.broker.cli import main
 sys.exit(main(sys.argv[1:]))
 """
