@@ -2,12 +2,12 @@
 write group.
 
 The store writes what was submitted in one loop iteration as one group (one hand-off to the writer process, one
-sync). A remoting connection's frames arrive many per read, so their sends share an iteration; grpc.aio hands the
-broker one call per iteration, so without this each gRPC send was a group of its own and the writer did a group's
-work per message (issue 15: measured 3x the writer CPU per send of remoting). Here a send waits while the previous
-group of gRPC sends is being written, and the sends that waited go together once it is durable: nothing waits when
-sends come one at a time, and under load the groups grow with the load. A send whose call ends while it waits
-(its deadline passed, the client went away) is not written: its client was told it failed.
+sync). A remoting connection's frames arrive many per read, so their sends share an iteration; a gRPC call is a task
+of its own (one per iteration under grpc.aio, measured), so without this each gRPC send was a group of its own and
+the writer did a group's work per message (issue 15: measured 3x the writer CPU per send of remoting). Here a send
+waits while the previous group of gRPC sends is being written, and the sends that waited go together once it is
+durable: nothing waits when sends come one at a time, and under load the groups grow with the load. A send whose
+call ends while it waits (its deadline passed, the client went away) is not written: its client was told it failed.
 """
 from __future__ import annotations
 

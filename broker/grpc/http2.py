@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 UNARY, SERVER_STREAM, BIDI = "unary", "server-stream", "bidi"
 #: gRPC status codes the transport itself answers with
 OK, CANCELLED, UNKNOWN, INTERNAL, UNIMPLEMENTED, RESOURCE_EXHAUSTED, UNAVAILABLE = 0, 1, 2, 13, 12, 8, 14
-STREAM_WINDOW = 1 << 20  #: flow-control window of each call's request, bytes
+STREAM_WINDOW = 64 << 10  #: flow-control window of each call's request, bytes: what a call may send unacknowledged
 _PREFIX = struct.Struct(">BI")
 _RESPONSE_HEADERS = ((b":status", b"200"), (b"content-type", b"application/grpc"),
                      (b"grpc-accept-encoding", b"identity"))

@@ -1,0 +1,154 @@
+"""The HTTP/2 transport of the gRPC door (broker/grpc/http2.py), driven by a raw HTTP/2 client (the h2 library, client
+side) for what grpcio never sends: requests left incomplete, compressed messages, paths that are not served."""
+from __future__ import annotations
+
+import socket
+import struct
+
+import h2.config
+import h2.connection
+import h2.events
+import pytest
+
+from halfmq.broker.grpc.schema import SERVICE
+
+KiB, MiB = 1 << 10, 1 << 20
+pytestmark = pytest.mark.grpc
+
+
+class RawClient:
+    """One HTTP/2 connection to the broker's gRPC port, on a blocking socket."""
+
+    def __init__(self, endpoint: str):
+        host, port = endpoint.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=20)
+        self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+        self.h2.initiate_connection()
+        self.events: list = []
+        self._flush()
+        self.round_trip()  # the broker's SETTINGS are in effect from here
+
+    def _flush(self) -> None:
+        data = self.h2.data_to_send()
+        if data:
+            self.sock.sendall(data)
+
+    def call(self, path: str) -> int:
+        stream_id = self.h2.get_next_available_stream_id()
+        self.h2.send_headers(stream_id, [(":method", "POST"), (":scheme", "http"), (":path", path),
+                                         (":authority", "halfmq"), ("content-type", "application/grpc"),
+                                         ("te", "trailers"), ("x-mq-client-id", "raw@1")])
+        self._flush()
+        return stream_id
+
+    def send(self, stream_id: int, data: bytes, end: bool = False) -> None:
+        self.h2.send_data(stream_id, data, end_stream=end)
+        self._flush()
+
+    def window(self, stream_id: int) -> int:
+        return self.h2.local_flow_control_window(stream_id)
+
+    def round_trip(self) -> None:
+        """Send a PING and read until its answer: whatever the broker sent before answering it is in ``events``."""
+        self.h2.ping(b"halfmq!!")
+        self._flush()
+        while True:
+            data = self.sock.recv(1 << 16)
+            assert data, "the broker closed the connection"
+            events = self.h2.receive_data(data)
+            self._flush()
+            self.events.extend(events)
+            if any(isinstance(e, h2.events.PingAckReceived) for e in events):
+                return
+
+    def trailers(self, stream_id: int) -> dict[bytes, bytes]:
+        """The trailers (or trailers-only headers) that ended ``stream_id``, read as they come."""
+        while True:
+            for event in self.events:
+                if isinstance(event, (h2.events.TrailersReceived, h2.events.ResponseReceived)) and \
+                        event.stream_id == stream_id and any(k == b"grpc-status" for k, _ in event.headers):
+                    return dict(event.headers)
+            self.round_trip()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def prefix(length: int, compressed: bool = False) -> bytes:
+    return struct.pack(">BI", int(compressed), length)
+
+
+def test_incomplete_requests_of_a_connection_hold_at_most_the_budget_and_one_message(grpc_broker_factory):
+    """A client opening many calls and sending each message but its last byte: the broker gives more window only
+    while what the connection's incomplete requests hold is within serverMaxInflightBytesPerConnection, and always
+    to the oldest of them (one request can always complete). Before (grpcio's server) each call's message was
+    buffered up to the size limit whatever the others held: 8 calls held 8 MiB here."""
+    budget, largest = 64 * KiB, MiB + 64 * KiB
+    broker = grpc_broker_factory(maxMessageSize=MiB, grpcRequestHeadroomBytes=64 * KiB,
+                                 serverMaxInflightBytesPerConnection=budget)
+    client = RawClient(broker.endpoint)
+    try:
+        calls = [client.call(f"/{SERVICE}/SendMessage") for _ in range(8)]
+        for stream_id in calls:
+            client.send(stream_id, prefix(largest))
+        left = {stream_id: largest - 1 for stream_id in calls}  # never the last byte: no request completes
+        sent = 0
+        while True:
+            progress = False
+            for stream_id in calls:
+                size = min(client.window(stream_id), left[stream_id], 16 * KiB)
+                if size > 0:
+                    client.send(stream_id, bytes(size))
+                    left[stream_id] -= size
+                    sent += size
+                    progress = True
+            client.round_trip()
+            client.round_trip()  # the window updates for what was sent before the first PING, in any case
+            if not progress and not any(min(client.window(s), left[s]) > 0 for s in calls):
+                break
+        stream_window = 64 * KiB  # what each call may send before the broker acknowledges any of it
+        assert sent <= budget + largest + len(calls) * stream_window, sent
+        assert left[calls[0]] == 0  # the oldest was never held back
+        connection = next(iter(broker.broker.grpc._server.connections))
+        held = sum(len(stream.buffer) for stream in connection.streams.values())
+        assert held <= budget + largest + len(calls) * stream_window, held
+    finally:
+        client.close()
+
+
+def test_a_path_not_served_is_answered_unimplemented_and_the_connection_goes_on(grpc_broker):
+    client = RawClient(grpc_broker.endpoint)
+    try:
+        unknown = client.call("/apache.rocketmq.v2.MessagingService/NoSuchMethod")
+        client.send(unknown, prefix(0), end=True)
+        assert client.trailers(unknown)[b"grpc-status"] == b"12"
+        route = client.call(f"/{SERVICE}/QueryRoute")
+        client.send(route, prefix(0), end=True)
+        assert client.trailers(route)[b"grpc-status"] == b"0"  # its Status inside says what was missing
+    finally:
+        client.close()
+
+
+def test_a_compressed_message_is_refused_unimplemented(grpc_broker):
+    """The broker offers grpc-accept-encoding identity only; a message flagged compressed is not inflated."""
+    client = RawClient(grpc_broker.endpoint)
+    try:
+        stream_id = client.call(f"/{SERVICE}/QueryRoute")
+        client.send(stream_id, prefix(3, compressed=True) + b"abc", end=True)
+        trailers = client.trailers(stream_id)
+        assert trailers[b"grpc-status"] == b"12" and b"compressed" in trailers[b"grpc-message"]
+    finally:
+        client.close()
+
+
+def test_a_message_that_does_not_parse_fails_its_call_only(grpc_broker):
+    client = RawClient(grpc_broker.endpoint)
+    try:
+        bad = client.call(f"/{SERVICE}/QueryRoute")
+        client.send(bad, prefix(4) + b"\xff\xff\xff\xff", end=True)
+        assert client.trailers(bad)[b"grpc-status"] == b"13"
+        good = client.call(f"/{SERVICE}/QueryRoute")
+        client.send(good, prefix(0), end=True)
+        assert client.trailers(good)[b"grpc-status"] == b"0"
+    finally:
+        client.close()
