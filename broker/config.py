@@ -112,7 +112,8 @@ class BrokerConfig:
         default=4 << 20, meta={"min": 64 << 10})
     serverMaxInflightBytesPerConnection: int = _doc(
         "bodies of the requests one connection has in progress, bytes: above this the broker stops reading it "
-        "(with serverMaxInflightPerConnection, which counts them)", default=16 << 20, meta={"min": 64 << 10})
+        "(with serverMaxInflightPerConnection, which counts them); on the gRPC port, requests still arriving above "
+        "this get no more flow-control window, but the oldest of them", default=16 << 20, meta={"min": 64 << 10})
     serverMaxBufferedFrameBytes: int = _doc(
         "bytes held in incomplete frames across all connections, authenticated or not (each connection may always "
         "buffer 128 KiB, and one alone may finish a frame up to serverMaxFrameSize); a connection that needs more "
@@ -188,8 +189,8 @@ class BrokerConfig:
         "before it is buffered", default=1 << 20, meta={"min": 64 << 10, "max": 64 << 20})
     grpcMaxStreamsPerConnection: int = _doc(
         "RPCs one gRPC connection may have open at once (HTTP/2's max concurrent streams): more wait in the client "
-        "until one ends; each open receive can hold an answer in grpc's buffers, so this bounds what a connection "
-        "that never reads costs", default=256, meta={"min": 1, "max": 65_536})
+        "until one ends; each open receive can hold an answer waiting for the client's window, so this bounds what "
+        "a connection that never reads costs", default=256, meta={"min": 1, "max": 65_536})
     grpcMaxAckEntries: int = _doc("most entries in one AckMessage (a receive hands out at most 1024 messages); more "
                                   "are refused BAD_REQUEST", default=1024, meta={"min": 1, "max": 100_000})
     # --- gRPC sessions and telemetry, bounded as the remoting door bounds connections and their answers ---
