@@ -205,8 +205,11 @@ class ReceiveService:
         self.ctx = endpoint.ctx
         self.consumer = consumer
         self.store = endpoint.ctx.store
-        #: one take at a time per (group, topic, queue): takes then never race each other (the ops check anyway)
+        #: one plan at a time per (group, topic, queue): plans then never race each other (the ops check anyway)
         self._locks: dict[tuple[str, str, int], asyncio.Lock] = {}
+        #: per (group, topic, queue), the takes submitted and not yet durable, in order: the next take of the queue
+        #: is planned on top of them instead of waiting for their sync (``_queue_state``)
+        self._writing: dict[tuple[str, str, int], list[_Take]] = {}
         #: per gRPC connection (peer): its receives' messages taken or answers built, not yet written
         self._backlogs: dict[str, _Backlog] = {}
         # versions grow across restarts too: a handle from before a restart never names a newer receipt
@@ -396,12 +399,15 @@ class ReceiveService:
         """Up to ``batch`` messages, and about ``max_bytes`` of them (at least one), from ``queues`` in turn, as
         (record, handle, attempts, stored bytes); and the earliest time a held one becomes visible.
 
-        One take at a time per queue of a group (its cursor and receipts). The queues no other receive is taking
-        from are planned in turn and their takes written together, one write group for the whole receive (taken
-        queue by queue, a receive of 32 from 8 queues waited for 8 syncs one after the other); a queue with nothing
-        to give is let go at once. Only when every queue with something to give is busy does it wait, for one
-        queue, holding no other lock (so two receives never wait on each other), and when that one gives nothing it
-        looks again at those not tried yet."""
+        One plan at a time per queue of a group (its cursor and receipts). The queues no other receive is planning
+        are planned in turn and their takes written together, one write group for the whole receive (taken queue by
+        queue, a receive of 32 from 8 queues waited for 8 syncs one after the other); a queue with nothing to give
+        is let go at once. Once its takes are submitted the receive lets its queues go: the next take of a queue is
+        planned on top of the takes being written (``_queue_state``) instead of waiting for their sync (measured
+        before: 32 receives in flight on 8 queues waited ~20 ms each for a queue and ~80 ms in all under load). Only
+        when every queue with something to give is being planned does it wait, for one queue, holding no other lock
+        (so two receives never wait on each other), and when that one gives nothing it looks again at those not
+        tried yet."""
         plans: list[_Take] = []
         next_visible = None
         count, room = 0, max_bytes
@@ -449,15 +455,26 @@ class ReceiveService:
                 if plans:
                     break
             completions = [self.store.submit(plan.op) for plan in plans]  # one write group
-            for plan, completion in zip(plans, completions):
-                try:
-                    results = await completion
-                except ReceiptError:  # an ack or change raced the plan: this queue gives nothing this time
-                    continue
-                taken.extend(plan.finish(results))
-                self._commit_progress(group, topic, plan.queue_id)
-                if plan.records:
-                    next_visible = _earliest(next_visible, plan.visible_at)
+            for plan in plans:
+                self._writing.setdefault((group, topic, plan.queue_id), []).append(plan)
+            for lock in held:  # the next take of these queues plans on top of these: it need not wait for the sync
+                lock.release()
+            held.clear()
+            durable: set[int] = set()
+            try:
+                for plan, completion in zip(plans, completions):
+                    try:
+                        results = await completion
+                    except ReceiptError:  # an ack or change raced the plan: this queue gives nothing this time
+                        continue
+                    durable.add(id(plan))
+                    taken.extend(plan.finish(results))
+                    self._commit_progress(group, topic, plan.queue_id)
+                    if plan.records:
+                        next_visible = _earliest(next_visible, plan.visible_at)
+            finally:
+                for plan in plans:
+                    self._written(group, topic, plan, id(plan) in durable)
         finally:
             for lock in held:
                 lock.release()
@@ -476,7 +493,7 @@ class ReceiveService:
         when there is nothing to write); and the earliest time a held receipt of it becomes visible."""
         store, cfg = self.store, self.ctx.config
         now = now_ms()
-        receipts = read_receipts(store, group, topic, queue_id)
+        receipts, cursor = self._queue_state(group, topic, queue_id)
         due = [r for r in receipts if r.visible_at <= now]
         for receipt in [r for r in due if r.attempts >= cfg.grpcMaxDeliveryAttempts]:
             await self._dead_letter(group, topic, queue_id, receipt)
@@ -498,7 +515,6 @@ class ReceiveService:
             sizes[receipt.queue_offset] = len(raw)
             read_bytes += len(raw)
         grouped_out = any(r.grouped for r in receipts)
-        cursor = read_cursor(store, group, topic, queue_id)
         if cursor is not None:
             start = cursor
         else:  # a group's first receive from the queue
@@ -532,6 +548,43 @@ class ReceiveService:
         records = {rec.queue_offset: rec for rec in fresh}
         records.update({r.queue_offset: rec for r, rec in redelivered})
         return _Take(queue_id, op, records, sizes, version, visible_at), next_visible
+
+    def _queue_state(self, group: str, topic: str, queue_id: int) -> tuple[list[Receipt], int | None]:
+        """The queue's receipts (by queue offset) and cursor: the store's, with the takes being written applied on
+        top. A take applied already but not yet seen complete changes nothing applied again. A take planned on one
+        that then fails fails too (its op checks the cursor and versions it read): nothing is handed out twice."""
+        receipts = read_receipts(self.store, group, topic, queue_id)
+        cursor = read_cursor(self.store, group, topic, queue_id)
+        writing = self._writing.get((group, topic, queue_id))
+        if not writing:
+            return receipts, cursor
+        by_offset = {r.queue_offset: r for r in receipts}
+        for take in writing:
+            op = take.op
+            cursor = op.new_cursor
+            for offset, _version in op.dropped:
+                by_offset.pop(offset, None)
+            for offset, _version in op.again:
+                held = by_offset.get(offset)
+                if held is not None:  # else acknowledged meanwhile: the take will fail on it
+                    by_offset[offset] = held._replace(visible_at=op.visible_at, version=op.version)
+            for offset, physical, grouped in op.fresh:
+                by_offset[offset] = Receipt(offset, op.visible_at, 1, physical, op.version, grouped)
+        return [by_offset[offset] for offset in sorted(by_offset)], cursor
+
+    def _written(self, group: str, topic: str, take: "_Take", durable: bool) -> None:
+        """A take is durable, or failed (or its outcome is unknown): after a failure the queue's next take is
+        planned from the store alone, not on top of takes that may fail in turn."""
+        key = (group, topic, take.queue_id)
+        writing = self._writing.get(key)
+        if writing is None:
+            return
+        if durable and take in writing:
+            writing.remove(take)
+        elif not durable:
+            writing.clear()
+        if not writing:
+            del self._writing[key]
 
     def _commit_progress(self, group: str, topic: str, queue_id: int) -> None:
         """The group's committed offset: the first message not yet acknowledged (for progress and lag)."""

@@ -208,6 +208,43 @@ def test_a_receive_that_waited_for_a_busy_queue_looks_again_at_the_others(grpc_b
     assert [rec.body for rec, _handle, _attempts, _size in taken] == [b"second"]
 
 
+def test_the_next_take_of_a_queue_does_not_wait_for_the_sync_of_the_one_before(grpc_broker):
+    """Before: a take held its queue until its receipts were durable, so 32 receives in flight on 8 queues queued
+    for them (~20 ms each for a queue, ~80 ms a receive in all, under load). Now the next take of the queue is
+    planned on top of the one being written: it is submitted before the first is durable, and they hand out
+    different messages."""
+    with stub(grpc_broker) as service:
+        assert service.SendMessage(send_request("Pipelined", b"first"), metadata=metadata(grpc_broker),
+                                   timeout=20).status.code == Code.OK
+    receive, store = grpc_broker.broker.grpc.receive, grpc_broker.broker.ctx.store
+    holding = [q for q in range(8) if store.max_offset("Pipelined", q) > 0]
+    store_records(grpc_broker, "Pipelined", [(b"second", 0)], queue_id=holding[0])  # both in one queue
+    events: list[str] = []
+    submit = store.submit
+
+    def recorded(op):
+        completion = submit(op)
+        if type(op).__name__ == "TakeReceipts":
+            number = sum(1 for e in events if e.startswith("submit")) + 1
+            events.append(f"submit{number}")
+            completion.add_done_callback(lambda _done: events.append(f"durable{number}"))
+        return completion
+
+    async def two_takes():
+        store.submit = recorded
+        try:
+            takes = [asyncio.ensure_future(receive._take_from("Pipeliners", "Pipelined", holding, None, 1, MiB, 60_000))
+                     for _ in range(2)]
+            return await asyncio.wait_for(asyncio.gather(*takes), 20)
+        finally:
+            store.submit = submit
+
+    results = grpc_broker.call(two_takes())
+    assert events.index("submit2") < events.index("durable1"), events
+    bodies = sorted(rec.body for taken, _next in results for rec, _handle, _attempts, _size in taken)
+    assert bodies == [b"first", b"second"]
+
+
 def test_a_connection_has_at_most_grpc_max_streams_per_connection_rpcs_open(grpc_broker_factory):
     broker = grpc_broker_factory(grpcMaxStreamsPerConnection=4)
     long_poll = broker.broker.ctx.long_poll
