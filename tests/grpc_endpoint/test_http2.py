@@ -116,39 +116,32 @@ def test_incomplete_requests_of_a_connection_hold_at_most_the_budget_and_one_mes
         client.close()
 
 
-def test_a_path_not_served_is_answered_unimplemented_and_the_connection_goes_on(grpc_broker):
+@pytest.fixture
+def raw_client(grpc_broker):
     client = RawClient(grpc_broker.endpoint)
-    try:
-        unknown = client.call("/apache.rocketmq.v2.MessagingService/NoSuchMethod")
-        client.send(unknown, prefix(0), end=True)
-        assert client.trailers(unknown)[b"grpc-status"] == b"12"
-        route = client.call(f"/{SERVICE}/QueryRoute")
-        client.send(route, prefix(0), end=True)
-        assert client.trailers(route)[b"grpc-status"] == b"0"  # its Status inside says what was missing
-    finally:
-        client.close()
+    yield client
+    client.close()
 
 
-def test_a_compressed_message_is_refused_unimplemented(grpc_broker):
+def unary(client: RawClient, path: str, message: bytes) -> dict[bytes, bytes]:
+    """One whole request on a new stream of ``client``; the trailers that end it."""
+    stream_id = client.call(path)
+    client.send(stream_id, message, end=True)
+    return client.trailers(stream_id)
+
+
+def test_a_path_not_served_is_answered_unimplemented_and_the_connection_goes_on(raw_client):
+    assert unary(raw_client, "/apache.rocketmq.v2.MessagingService/NoSuchMethod", prefix(0))[b"grpc-status"] == b"12"
+    # its Status inside says what was missing
+    assert unary(raw_client, f"/{SERVICE}/QueryRoute", prefix(0))[b"grpc-status"] == b"0"
+
+
+def test_a_compressed_message_is_refused_unimplemented(raw_client):
     """The broker offers grpc-accept-encoding identity only; a message flagged compressed is not inflated."""
-    client = RawClient(grpc_broker.endpoint)
-    try:
-        stream_id = client.call(f"/{SERVICE}/QueryRoute")
-        client.send(stream_id, prefix(3, compressed=True) + b"abc", end=True)
-        trailers = client.trailers(stream_id)
-        assert trailers[b"grpc-status"] == b"12" and b"compressed" in trailers[b"grpc-message"]
-    finally:
-        client.close()
+    trailers = unary(raw_client, f"/{SERVICE}/QueryRoute", prefix(3, compressed=True) + b"abc")
+    assert trailers[b"grpc-status"] == b"12" and b"compressed" in trailers[b"grpc-message"]
 
 
-def test_a_message_that_does_not_parse_fails_its_call_only(grpc_broker):
-    client = RawClient(grpc_broker.endpoint)
-    try:
-        bad = client.call(f"/{SERVICE}/QueryRoute")
-        client.send(bad, prefix(4) + b"\xff\xff\xff\xff", end=True)
-        assert client.trailers(bad)[b"grpc-status"] == b"13"
-        good = client.call(f"/{SERVICE}/QueryRoute")
-        client.send(good, prefix(0), end=True)
-        assert client.trailers(good)[b"grpc-status"] == b"0"
-    finally:
-        client.close()
+def test_a_message_that_does_not_parse_fails_its_call_only(raw_client):
+    assert unary(raw_client, f"/{SERVICE}/QueryRoute", prefix(4) + b"\xff\xff\xff\xff")[b"grpc-status"] == b"13"
+    assert unary(raw_client, f"/{SERVICE}/QueryRoute", prefix(0))[b"grpc-status"] == b"0"
