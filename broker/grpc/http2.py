@@ -107,7 +107,7 @@ class _Requests:
 
 class _Stream:
     __slots__ = ("conn", "id", "method", "metadata", "buffer", "needed", "task", "inbox", "inbox_waiter",
-                 "remote_ended", "headers_sent", "closed", "window_waiter", "unacked", "started")
+                 "remote_ended", "headers_sent", "closed", "window_waiter", "unacked")
 
     def __init__(self, conn: "_Connection", stream_id: int, method: Method, metadata):
         self.conn, self.id, self.method, self.metadata = conn, stream_id, method, metadata
@@ -121,7 +121,6 @@ class _Stream:
         self.closed = False
         self.window_waiter: asyncio.Future | None = None
         self.unacked = 0  #: flow-controlled bytes received and not yet acknowledged
-        self.started = False
 
     def wake_reader(self) -> None:
         if self.inbox_waiter is not None and not self.inbox_waiter.done():
@@ -433,7 +432,7 @@ class _Connection(asyncio.Protocol):
         if method.kind == BIDI:
             stream.inbox.append(request)
             stream.wake_reader()
-        elif not stream.started:
+        elif stream.task is None:
             self._start(stream, request)
         # a second message of a unary call is ignored, as its answer is already on its way
 
@@ -448,9 +447,8 @@ class _Connection(asyncio.Protocol):
             return
         if stream.method.kind == BIDI:
             stream.wake_reader()
-        elif not stream.started and not stream.closed:
-            self._refuse(stream_id, UNIMPLEMENTED if stream.method is None else INTERNAL,
-                         "the request has no message")
+        elif stream.task is None and not stream.closed:
+            self._refuse(stream_id, INTERNAL, "the request has no message")
 
     def _reset(self, stream_id: int) -> None:
         stream = self.streams.pop(stream_id, None)
@@ -474,7 +472,6 @@ class _Connection(asyncio.Protocol):
 
     # --- handlers ---
     def _start(self, stream: _Stream, request) -> None:
-        stream.started = True
         stream.task = task = asyncio.ensure_future(self._run(stream, request))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)

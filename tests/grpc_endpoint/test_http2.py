@@ -145,3 +145,12 @@ def test_a_compressed_message_is_refused_unimplemented(raw_client):
 def test_a_message_that_does_not_parse_fails_its_call_only(raw_client):
     assert unary(raw_client, f"/{SERVICE}/QueryRoute", prefix(4) + b"\xff\xff\xff\xff")[b"grpc-status"] == b"13"
     assert unary(raw_client, f"/{SERVICE}/QueryRoute", prefix(0))[b"grpc-status"] == b"0"
+
+
+def test_a_request_without_its_whole_message_fails_its_call_only(raw_client):
+    """A unary request that ends with no message, or within one: INTERNAL, and nothing of it is kept."""
+    no_message = unary(raw_client, f"/{SERVICE}/QueryRoute", b"")
+    assert no_message[b"grpc-status"] == b"13" and b"no message" in no_message[b"grpc-message"]
+    cut = unary(raw_client, f"/{SERVICE}/QueryRoute", prefix(10) + b"abc")
+    assert cut[b"grpc-status"] == b"13" and b"within a message" in cut[b"grpc-message"]
+    assert unary(raw_client, f"/{SERVICE}/QueryRoute", prefix(0))[b"grpc-status"] == b"0"
