@@ -23,7 +23,8 @@ from halfmq.protocol.codes import SysFlag
 from halfmq.protocol.message import MessageRecord
 from halfmq.store import message_request
 from halfmq.store.ops import PutMessages
-from halfmq.store.receipts import read_cursor, read_receipts
+from halfmq.store.completion import Completion
+from halfmq.store.receipts import ReceiptError, read_cursor, read_receipts
 
 from .conftest import receive_all, wait_until
 
@@ -243,6 +244,64 @@ def test_the_next_take_of_a_queue_does_not_wait_for_the_sync_of_the_one_before(g
     assert events.index("submit2") < events.index("durable1"), events
     bodies = sorted(rec.body for taken, _next in results for rec, _handle, _attempts, _size in taken)
     assert bodies == [b"first", b"second"]
+
+
+def test_after_a_take_fails_the_next_take_of_its_queue_plans_from_the_store(grpc_broker):
+    """A take planned on top of one that then fails fails too (its op checks the cursor it read); a third take
+    planned while that one is still being written must not stack on it, or under steady load the queue would give
+    nothing for as long as takes keep overlapping. Each message is still handed out once. The first take's failure
+    is injected (an ack racing a redelivery, hard to time from outside); the second's is the store's own check."""
+    with stub(grpc_broker) as service:
+        assert service.SendMessage(send_request("Chained", b"first"), metadata=metadata(grpc_broker),
+                                   timeout=20).status.code == Code.OK
+    receive, store = grpc_broker.broker.grpc.receive, grpc_broker.broker.ctx.store
+    holding = [q for q in range(8) if store.max_offset("Chained", q) > 0]
+    store_records(grpc_broker, "Chained", [(b"second", 0)], queue_id=holding[0])
+    submit = store.submit
+    takes = 0
+    released = False
+
+    def release() -> None:
+        nonlocal released
+        if not released:
+            released = True
+            store.release_group()
+
+    def recorded(op):
+        nonlocal takes
+        if type(op).__name__ != "TakeReceipts":
+            return submit(op)
+        takes += 1
+        if takes == 1:
+            failed = Completion(asyncio.get_running_loop())  # fails once the second take has been planned
+            asyncio.get_running_loop().call_soon(failed.set_exception, ReceiptError("injected: an ack raced it"))
+            return failed
+        completion = submit(op)
+        if takes == 3:  # the third is planned: the held writes may go
+            asyncio.get_running_loop().call_soon(release)
+        return completion
+
+    def take():
+        return asyncio.ensure_future(receive._take_from("Chainers", "Chained", holding, None, 1, MiB, 60_000))
+
+    async def three_takes():
+        store.submit = recorded
+        store.hold_group()  # the second take's write waits until the third is planned
+        try:
+            first, second = take(), take()
+            assert (await asyncio.wait_for(first, 20))[0] == []  # the injected failure
+            third = take()  # planned while the second is still being written
+            third.add_done_callback(lambda _done: release())  # it may plan nothing at all
+            return [await asyncio.wait_for(t, 20) for t in (second, third)]
+        finally:
+            release()
+            store.submit = submit
+
+    (second, _), (third, _) = grpc_broker.call(three_takes())
+    assert second == []  # planned on top of the failed take: refused by the store's cursor check
+    assert [rec.body for rec, _handle, _attempts, _size in third] == [b"first"]
+    rest = grpc_broker.call(receive._take_from("Chainers", "Chained", holding, None, 32, MiB, 60_000))[0]
+    assert [rec.body for rec, _handle, _attempts, _size in rest] == [b"second"]
 
 
 def test_a_queue_that_gave_nothing_is_passed_by_until_a_message_arrives(grpc_broker, monkeypatch):
