@@ -115,9 +115,10 @@ class BrokerConfig:
         "(with serverMaxInflightPerConnection, which counts them); on the gRPC port, requests still arriving above "
         "this get no more flow-control window, but the oldest of them", default=16 << 20, meta={"min": 64 << 10})
     serverMaxBufferedFrameBytes: int = _doc(
-        "bytes held in incomplete frames across all connections, authenticated or not (each connection may always "
-        "buffer 128 KiB, and one alone may finish a frame up to serverMaxFrameSize); a connection that needs more "
-        "waits, unread, until others' frames complete",
+        "bytes held in incomplete frames across all connections, authenticated or not, gRPC ones included (their "
+        "incomplete requests) (each connection may always buffer 128 KiB, and one alone may finish a frame up to "
+        "serverMaxFrameSize); a connection that needs more waits, unread (a gRPC one: given no more flow-control "
+        "window), until others' frames complete",
         default=128 << 20, meta={"min": 1 << 20})
     serverBufferedFrameWaitSeconds: int = _doc(
         "how long a connection may wait for room under serverMaxBufferedFrameBytes before it is closed, s",

@@ -260,7 +260,8 @@ class Broker:
         self.grpc = GrpcEndpoint(ctx, self.producer, self.consumer)
         try:
             self.grpc_port = await self.grpc.start(
-                lambda factory: self._listen(loop, factory, cfg.grpcListenPort, tls, "grpcListenPort"))
+                lambda factory: self._listen(loop, factory, cfg.grpcListenPort, tls, "grpcListenPort"),
+                self.dispatcher.limits.frame_budget)
         except StartError:
             self.grpc = None
             raise

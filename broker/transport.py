@@ -82,6 +82,21 @@ class FrameBudget:
     def must_wait(self, charge: int) -> bool:
         return self.used > self.limit and self.used > charge
 
+    def recharge(self, holder, held: int) -> bool:
+        """``holder`` (a connection of either door: ``charged``, ``waiting_for_budget``, ``budget_granted``) now
+        holds ``held`` bytes of incomplete requests: its charge is what is beyond FREE_FRAME_BYTES. True when it
+        went over the budget while others hold some: it must ``wait`` (and not be read) until granted."""
+        charge = held - FREE_FRAME_BYTES if held > FREE_FRAME_BYTES else 0
+        delta = charge - holder.charged
+        if not delta:
+            return False
+        holder.charged = charge
+        self.used += delta
+        if delta < 0:
+            self.release()
+            return False
+        return self.must_wait(charge) and not holder.waiting_for_budget
+
     def wait(self, proto: "BrokerProtocol") -> None:
         self._waiting.append(proto)
 
@@ -287,18 +302,9 @@ class BrokerProtocol(asyncio.Protocol):
 
     def _charge(self) -> None:
         """Bring this connection's share of the frame budget up to date; over the budget, stop reading it."""
-        held = self.decoder.buffered + self._backlog_bytes - FREE_FRAME_BYTES
-        charge = held if held > 0 else 0
         budget = self.budget
-        delta = charge - self.charged
-        if not delta:
-            return
-        self.charged = charge
-        budget.used += delta
-        if delta < 0:
-            budget.release()
-        elif (budget.must_wait(charge) and not self.waiting_for_budget and self.channel is not None
-              and not self.channel.closed):
+        if (budget.recharge(self, self.decoder.buffered + self._backlog_bytes) and self.channel is not None
+                and not self.channel.closed):
             self.waiting_for_budget = True
             budget.wait(self)
             self._budget_timer = asyncio.get_running_loop().call_later(budget.wait_seconds, self._budget_timeout)

@@ -15,7 +15,8 @@ the client (its deadline passed, it cancelled) cancels its handler. Bounds:
 - at most ``max_streams`` calls open on a connection (SETTINGS_MAX_CONCURRENT_STREAMS; a client opening more gets
   its connection closed, as HTTP/2 says);
 - bytes of requests held incomplete on a connection: above ``max_held_bytes`` only the oldest incomplete request's
-  stream is given more flow-control window (one always finishes), so the others wait in the client;
+  stream is given more flow-control window (one always finishes), so the others wait in the client; and beyond
+  128 KiB they are charged to the budget the remoting connections share (serverMaxBufferedFrameBytes);
 - a streaming request's next messages are not acknowledged (window) until its handler took the ones before: a
   handler that stops reading stops its client sending;
 - an answer is written only as fast as the client's flow-control window and the socket allow (``write`` waits);
@@ -38,6 +39,8 @@ import h2.events
 import h2.exceptions
 import h2.settings
 from h2.errors import ErrorCodes
+
+from ..transport import FrameBudget
 
 log = logging.getLogger(__name__)
 
@@ -230,6 +233,9 @@ class _Connection(asyncio.Protocol):
         #: streams whose request is incomplete, oldest first, and the bytes they hold
         self.incomplete: dict[int, _Stream] = {}
         self.held = 0  #: bytes in ``incomplete``
+        self.charged = 0  #: what ``held`` takes of the broker's shared budget (FrameBudget)
+        self.waiting_for_budget = False
+        self._budget_timer: asyncio.TimerHandle | None = None
         self.tasks: set[asyncio.Future] = set()
         self.blocked: set[_Stream] = set()  #: streams whose answer waits for flow-control window
         self.paused: asyncio.Future | None = None  #: set while the socket's write buffer is full
@@ -296,8 +302,15 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.server.connections.discard(self)
+        if self.waiting_for_budget:
+            self.waiting_for_budget = False
+            self._budget_timer.cancel()
+            self.server.frame_budget.forget(self)
         for stream in list(self.streams.values()):
             self._reset(stream.id)
+        self.transport = None  # its requests' charge goes back to the budget, and nothing waits again
+        self.incomplete.clear()
+        self._recount()
         for task in list(self.tasks):
             task.cancel()
         if self.paused is not None:
@@ -391,11 +404,12 @@ class _Connection(asyncio.Protocol):
         elif self.incomplete.pop(stream.id, None) is None:
             self.acknowledge(stream)
             return
-        self.held = sum(len(s.buffer) for s in self.incomplete.values())
+        self._recount()
         if stream.buffer:
-            if self.held <= self.server.max_held_bytes or next(iter(self.incomplete)) == stream.id:
+            if not self.waiting_for_budget and (self.held <= self.server.max_held_bytes
+                                                or next(iter(self.incomplete)) == stream.id):
                 self.acknowledge(stream)
-            # else it waits, unacknowledged, until the budget allows (``_release``)
+            # else it waits, unacknowledged, until the budgets allow (``_release``)
         else:
             self.acknowledge(stream)
             self._release()
@@ -408,8 +422,33 @@ class _Connection(asyncio.Protocol):
             stream.unacked = 0
             self.flush_soon()
 
+    def _recount(self) -> None:
+        """``held`` anew, and this connection's charge on the broker's budget of incomplete requests, shared with
+        the remoting connections (serverMaxBufferedFrameBytes): over it, no request of this connection gets more
+        window until others' requests complete (``budget_granted``), for at most serverBufferedFrameWaitSeconds."""
+        self.held = sum(len(s.buffer) for s in self.incomplete.values())
+        budget = self.server.frame_budget
+        if budget.recharge(self, self.held) and self.transport is not None and not self.transport.is_closing():
+            self.waiting_for_budget = True
+            budget.wait(self)
+            self._budget_timer = asyncio.get_running_loop().call_later(budget.wait_seconds, self._budget_timeout)
+
+    def budget_granted(self) -> None:
+        self.waiting_for_budget = False
+        self._budget_timer.cancel()
+        self._release()
+
+    def _budget_timeout(self) -> None:
+        if self.waiting_for_budget and self.transport is not None:
+            log.warning("closing gRPC connection %s: it waited %ss for room to buffer its requests "
+                        "(serverMaxBufferedFrameBytes=%d in use by other connections' incomplete requests)",
+                        self.peer, self.server.frame_budget.wait_seconds, self.server.frame_budget.limit)
+            self.transport.abort()
+
     def _release(self) -> None:
-        """Incomplete requests that waited for the budget, oldest first, while it allows."""
+        """Incomplete requests that waited for the budgets, oldest first, while they allow."""
+        if self.waiting_for_budget:
+            return
         for index, stream in enumerate(list(self.incomplete.values())):
             if index and self.held > self.server.max_held_bytes:
                 break
@@ -418,7 +457,7 @@ class _Connection(asyncio.Protocol):
     def _forget_incomplete(self, stream: _Stream) -> None:
         stream.buffer.clear()
         if self.incomplete.pop(stream.id, None) is not None:
-            self.held = sum(len(s.buffer) for s in self.incomplete.values())
+            self._recount()
             self._release()
 
     def _message(self, stream: _Stream, payload: bytes) -> None:
@@ -502,12 +541,13 @@ class Http2GrpcServer:
     """Serves ``methods`` (``/package.Service/Method`` → Method) on one listening socket."""
 
     def __init__(self, methods: dict[str, Method], *, max_request: int, max_streams: int, max_held_bytes: int,
-                 max_connections: int):
+                 max_connections: int, frame_budget: FrameBudget):
         self.methods = methods
         self.max_request = max_request
         self.max_streams = max_streams
         self.max_held_bytes = max_held_bytes
         self.max_connections = max_connections
+        self.frame_budget = frame_budget
         self.connections: set[_Connection] = set()
         self._server: asyncio.base_events.Server | None = None
 

@@ -21,6 +21,7 @@ from typing import Awaitable, Callable
 
 from ..namesrv.lookup import RouteLookup
 from ..services.periodic import PeriodicTask
+from ..transport import FrameBudget
 from .auth import authenticate
 from .convert import peer_host
 from .http2 import BIDI, SERVER_STREAM, UNARY, Http2GrpcServer, Method
@@ -162,14 +163,15 @@ class GrpcEndpoint:
 
         return call
 
-    async def start(self, listen: Callable[[Callable[[], asyncio.Protocol]], Awaitable]) -> int:
+    async def start(self, listen: Callable[[Callable[[], asyncio.Protocol]], Awaitable],
+                    frame_budget: FrameBudget) -> int:
         """Serve on the socket ``listen(protocol_factory)`` opens (its TLS context offering ALPN ``h2``); returns
-        the bound port."""
+        the bound port. Incomplete requests are charged to ``frame_budget``, the remoting connections' own."""
         config = self.ctx.config
         server = Http2GrpcServer(self._methods, max_request=config.maxMessageSize + config.grpcRequestHeadroomBytes,
                                  max_streams=config.grpcMaxStreamsPerConnection,
                                  max_held_bytes=config.serverMaxInflightBytesPerConnection,
-                                 max_connections=config.serverMaxConnections)
+                                 max_connections=config.serverMaxConnections, frame_budget=frame_budget)
         bound = await server.start(listen)
         self._server = server
         self._renewal = PeriodicTask("grpc-auto-renew", AUTO_RENEW_INTERVAL_S, self.receive.renew)

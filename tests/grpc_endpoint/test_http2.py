@@ -12,6 +12,8 @@ import pytest
 
 from halfmq.broker.grpc.schema import SERVICE
 
+from .conftest import wait_until
+
 KiB, MiB = 1 << 10, 1 << 20
 pytestmark = pytest.mark.grpc
 
@@ -78,6 +80,32 @@ def prefix(length: int, compressed: bool = False) -> bytes:
     return struct.pack(">BI", int(compressed), length)
 
 
+def start_incomplete(client: RawClient, calls: list[int], length: int) -> dict[int, int]:
+    """Announce a message of ``length`` bytes on each call; what each may send, never its last byte (no request
+    completes)."""
+    for stream_id in calls:
+        client.send(stream_id, prefix(length))
+    return {stream_id: length - 1 for stream_id in calls}
+
+
+def send_until_stalled(client: RawClient, left: dict[int, int]) -> int:
+    """Send what the broker's windows let in, call by call, until it lets in no more; the bytes sent."""
+    sent = 0
+    while True:
+        progress = False
+        for stream_id in left:
+            size = min(client.window(stream_id), left[stream_id], 16 * KiB)
+            if size > 0:
+                client.send(stream_id, bytes(size))
+                left[stream_id] -= size
+                sent += size
+                progress = True
+        client.round_trip()
+        client.round_trip()  # the window updates for what was sent before the first PING, in any case
+        if not progress and not any(min(client.window(s), left[s]) > 0 for s in left):
+            return sent
+
+
 def test_incomplete_requests_of_a_connection_hold_at_most_the_budget_and_one_message(grpc_broker_factory):
     """A client opening many calls and sending each message but its last byte: the broker gives more window only
     while what the connection's incomplete requests hold is within serverMaxInflightBytesPerConnection, and always
@@ -89,23 +117,8 @@ def test_incomplete_requests_of_a_connection_hold_at_most_the_budget_and_one_mes
     client = RawClient(broker.endpoint)
     try:
         calls = [client.call(f"/{SERVICE}/SendMessage") for _ in range(8)]
-        for stream_id in calls:
-            client.send(stream_id, prefix(largest))
-        left = {stream_id: largest - 1 for stream_id in calls}  # never the last byte: no request completes
-        sent = 0
-        while True:
-            progress = False
-            for stream_id in calls:
-                size = min(client.window(stream_id), left[stream_id], 16 * KiB)
-                if size > 0:
-                    client.send(stream_id, bytes(size))
-                    left[stream_id] -= size
-                    sent += size
-                    progress = True
-            client.round_trip()
-            client.round_trip()  # the window updates for what was sent before the first PING, in any case
-            if not progress and not any(min(client.window(s), left[s]) > 0 for s in calls):
-                break
+        left = start_incomplete(client, calls, largest)
+        sent = send_until_stalled(client, left)
         stream_window = 64 * KiB  # what each call may send before the broker acknowledges any of it
         assert sent <= budget + largest + len(calls) * stream_window, sent
         assert left[calls[0]] == 0  # the oldest was never held back
@@ -154,3 +167,27 @@ def test_a_request_without_its_whole_message_fails_its_call_only(raw_client):
     cut = unary(raw_client, f"/{SERVICE}/QueryRoute", prefix(10) + b"abc")
     assert cut[b"grpc-status"] == b"13" and b"within a message" in cut[b"grpc-message"]
     assert unary(raw_client, f"/{SERVICE}/QueryRoute", prefix(0))[b"grpc-status"] == b"0"
+
+
+def test_incomplete_requests_share_the_brokers_budget_with_every_connection(grpc_broker_factory):
+    """serverMaxBufferedFrameBytes bounds incomplete requests across the broker's connections, gRPC ones too:
+    while another connection holds the budget, a connection gets no window past its free 128 KiB (and its calls'
+    windows), and gets it once the other is gone. Before, each gRPC connection had only its own bound, so a
+    thousand connections could each hold serverMaxInflightBytesPerConnection and a message."""
+    broker = grpc_broker_factory(serverMaxBufferedFrameBytes=MiB, serverMaxInflightBytesPerConnection=64 * MiB)
+    hog, late = RawClient(broker.endpoint), RawClient(broker.endpoint)
+    try:
+        hog_calls = [hog.call(f"/{SERVICE}/SendMessage")]
+        hog_sent = send_until_stalled(hog, start_incomplete(hog, hog_calls, 3 * MiB))
+        assert hog_sent == 3 * MiB - 1  # alone in the budget: it may finish its request
+        late_calls = [late.call(f"/{SERVICE}/SendMessage") for _ in range(2)]
+        left = start_incomplete(late, late_calls, MiB)
+        late_sent = send_until_stalled(late, left)
+        assert late_sent <= 128 * KiB + 2 * 64 * KiB + 2 * 16 * KiB, late_sent
+        hog.close()
+        wait_until(lambda: len(broker.broker.grpc._server.connections) == 1)  # its share went back
+        late_sent += send_until_stalled(late, left)
+        assert late_sent == 2 * (MiB - 1)
+    finally:
+        hog.close()
+        late.close()
