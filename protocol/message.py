@@ -263,12 +263,35 @@ def rewrite_record(buf: bytes, topic: str, queue_id: int, properties_text: str,
 
 def rewritten_size(buf, topic: str) -> int:
     """The size of ``rewrite_record(buf, topic, ...)`` with ``buf``'s own property string, computed without
-    building it.
+    building it (or decoding the record's topic and property string: every commit asks).
 
     Raises:
         MessageFormatError: ``buf`` is not a well-formed record.
     """
-    return len(buf) - _topic_field_size(record_place(buf).topic.encode()) + _topic_field_size(topic.encode())
+    try:
+        start, end = _topic_field(buf)
+        (props_len,) = _U16.unpack_from(buf, end)
+    except (struct.error, IndexError):
+        raise MessageFormatError("truncated or malformed record") from None
+    if end + 2 + props_len > len(buf):
+        raise MessageFormatError("truncated or malformed record")
+    return len(buf) - (end - start) + _topic_field_size(topic.encode())
+
+
+def _topic_field(buf) -> tuple[int, int]:
+    """Where an encoded record's topic field (the name's length, then the name) starts and ends: its property
+    string's length follows.
+
+    Raises:
+        struct.error, IndexError: the record is too short to say.
+    """
+    (sys_flag,) = _I32.unpack_from(buf, SYSFLAG_POS)
+    p = RECORD_HEADS[sys_flag & HOST_FLAGS].size  # just after the body length
+    (body_len,) = _I32.unpack_from(buf, p - 4)
+    p += body_len
+    if _HEAD_MAGIC.unpack_from(buf, 4)[0] == MAGIC_V2:
+        return p, p + 2 + _U16.unpack_from(buf, p)[0]
+    return p, p + 1 + buf[p]
 
 
 def _topic_field_size(topic: bytes) -> int:
@@ -330,16 +353,7 @@ def record_index_fields(buf) -> tuple[int, str | None]:
         MessageFormatError: ``buf`` is not a well-formed record.
     """
     try:
-        (sys_flag,) = _I32.unpack_from(buf, SYSFLAG_POS)
-        p = RECORD_HEADS[sys_flag & HOST_FLAGS].size  # just after the body length
-        (body_len,) = _I32.unpack_from(buf, p - 4)
-        (magic,) = _HEAD_MAGIC.unpack_from(buf, 4)
-        p += body_len
-        if magic == MAGIC_V2:
-            (topic_len,) = _U16.unpack_from(buf, p)
-            p += 2 + topic_len
-        else:
-            p += 1 + buf[p]
+        _start, p = _topic_field(buf)
         (props_len,) = _U16.unpack_from(buf, p)
         text = bytes(buf[p + 2:p + 2 + props_len]).decode()
     except (struct.error, IndexError, UnicodeDecodeError):

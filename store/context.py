@@ -57,9 +57,10 @@ class WriteContext:
 
     def check_message(self, req: PutRequest) -> None:
         """Raises InvalidWriteError when ``req`` cannot be stored whole."""
-        self._check_names(req.topic, req.keys)
+        self.check_names(req.topic, req.keys)
 
-    def _check_names(self, topic: str, keys: str | None) -> None:
+    def check_names(self, topic: str, keys: str | None) -> None:
+        """Raises InvalidWriteError when a message of ``topic`` with ``keys`` cannot be stored whole."""
         if topic not in self.counters.topic_ids:  # a known topic was checked when it got its id
             self.check_key(topic.encode(), f"the topic name {topic[:40]!r}")
         if keys:
@@ -95,7 +96,7 @@ class WriteContext:
         """put_message of a request given field by field (a send's wire form, see ops.PutMessage), its PutResult's
         fields as a plain tuple: a send's outcome goes back to the broker, and pickling a named tuple runs Python
         per result (0.86 us against 0.12 us a plain tuple)."""
-        self._check_names(topic, keys)
+        self.check_names(topic, keys)
         counters = self.counters
         physical = counters.next_physical
         queue_offset = counters.queue_max.get((topic, queue_id), 0) if index else 0

@@ -46,7 +46,7 @@ class HalfState:
     def to_bytes(self) -> bytes:
         # A msgpack array, status first, then the stored fields in declaration order: a commit and a prepare each
         # write a row, and an array costs a third of the named map earlier versions wrote (still read below).
-        return msgpack.packb((self.status.value, *stored_fields(self)))
+        return _pack_row(_row_fields(self))
 
     def __reduce__(self):
         # To and from the writer process as a plain tuple: by default a slotted dataclass pickles slot by slot and
@@ -67,6 +67,11 @@ _FIELDS = frozenset(HalfState.__dataclass_fields__)
 _STORED = tuple(name for name in HalfState.__dataclass_fields__ if name != "status")
 stored_fields = attrgetter(*_STORED)  #: a state's fields but the status, in row order
 _ROW_LENGTH = 1 + len(_STORED)
+#: rows are written only by the writer process's one thread: one Packer for all of them (packb makes a Packer per
+#: call, half of a row's encoding time)
+_pack_row = msgpack.Packer().pack
+#: a row's values: the status (a str enum, which msgpack packs as its value) and the stored fields
+_row_fields = attrgetter("status", *_STORED)
 STATUSES = {status.value: status for status in HalfStatus}  #: each status by its value (an enum call runs Python)
 
 

@@ -102,7 +102,7 @@ class PrepareHalf(Op):
         # The commit will index the real topic by these KEYS: refuse them now, not at the commit.
         state = self.state
         for keys in (state.keys, *self.batch_keys):
-            wctx.check_message(PutRequest(state.topic, state.queue_id, self.request.record, keys=keys))
+            wctx.check_names(state.topic, keys)
         stored = wctx.put_message(self.request)
         self._fill(state, stored, stored.store_timestamp + self.delay_ms)
         wctx.put_half(stored.physical_offset, state)

@@ -18,7 +18,7 @@ from halfmq.protocol.errors import FrameError, HeaderError, MessageFormatError, 
 from halfmq.protocol.frame import FrameDecoder, encode_frame
 from halfmq.protocol.message import (BatchItem, MessageRecord, UniqKeyGenerator, create_offset_msg_id, decode_batch,
                                      decode_offset_msg_id, decode_record, decode_records, encode_batch, encode_record,
-                                     record_index_fields, stamp_record, tags_hash)
+                                     record_index_fields, rewrite_record, rewritten_size, stamp_record, tags_hash)
 from halfmq.protocol.properties import decode_properties, encode_properties
 
 #: frames captured from real RocketMQ clients (kept in the repository: the suite reads nothing outside it)
@@ -221,6 +221,20 @@ def test_record_index_fields_read_tags_and_keys_as_decode_properties_does(props_
     assert record_index_fields(memoryview(b"pad" + bytes(buf))[3:]) == expected  # a record inside a batch half
     with pytest.raises(MessageFormatError):
         record_index_fields(buf[:40])
+
+
+@given(index_texts, st.text("xyz", min_size=1, max_size=200), st.text("ab", min_size=1, max_size=200),
+       st.booleans())
+def test_rewritten_size_is_the_size_of_the_rewritten_record(props_text, topic, new_topic, v6):
+    rec = MessageRecord(topic=topic, body=b"body", born_host="[::1]:5" if v6 else "127.0.0.1:5",
+                        store_host="127.0.0.1:6")
+    buf = encode_record(rec, properties_text=props_text)
+    assert rewritten_size(buf, new_topic) == len(rewrite_record(buf, new_topic, 1, props_text))
+    assert rewritten_size(memoryview(b"pad" + bytes(buf))[3:], new_topic) == len(rewrite_record(buf, new_topic, 1,
+                                                                                                props_text))
+    for cut in (40, len(buf) - 1):
+        with pytest.raises(MessageFormatError):
+            rewritten_size(buf[:cut], new_topic)
 
 
 def test_record_golden_layout():
