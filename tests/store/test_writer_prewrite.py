@@ -1,5 +1,6 @@
 """The writer keeps the data file written ahead of LMDB's pages, so a commit's sync overwrites blocks instead of
-growing the file (store/writer.py, Prewriter)."""
+growing the file (store/writer.py, Prewriter): the zeros synced before a commit writes over them, and not after a
+commit large enough to pay for its own growth."""
 from __future__ import annotations
 
 import errno
@@ -11,7 +12,7 @@ from halfmq.protocol.message import MessageRecord
 from halfmq.store import MessageStore, StoreConfig, message_request
 from halfmq.store import writer as writer_module
 from halfmq.store.ops import PutMessages
-from halfmq.store.writer import PREWRITE_STEP, Prewriter
+from halfmq.store.writer import PREWRITE_SKIP_ABOVE, PREWRITE_STEP, Prewriter
 
 
 def _put(store, body: bytes):
@@ -93,6 +94,52 @@ def test_a_full_disk_stops_writing_ahead_and_commits_go_on(tmp_path, monkeypatch
         assert os.stat(tmp_path / "data.mdb").st_size == (env.info()["last_pgno"] + 1) * env.stat()["psize"]
         with env.begin() as txn:
             assert len(txn.get(b"k2")) == 100_000
+    finally:
+        prewriter.close()
+        env.close()
+
+
+def _file_and_used(env, path) -> tuple[int, int]:
+    return os.stat(path).st_size, (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+
+
+def test_the_zeros_written_ahead_are_synced_before_a_commit_writes_over_them(tmp_path, monkeypatch):
+    env = _env(tmp_path, 64 << 20)
+    prewriter = Prewriter(env)
+    synced = []  # the data file's size at each fdatasync of the prewriter's descriptor
+    real_fdatasync = os.fdatasync
+
+    def spy(fd):
+        if fd == prewriter.fd:
+            synced.append(os.fstat(fd).st_size)
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(writer_module.os, "fdatasync", spy)
+    try:
+        _size, used = _file_and_used(env, tmp_path / "data.mdb")
+        prewriter.after_commit()
+        # Left dirty, the zeros were written out by the next commit's own sync, inside its acknowledgement.
+        assert synced and synced[-1] >= used + PREWRITE_STEP
+    finally:
+        prewriter.close()
+        env.close()
+
+
+def test_no_writing_ahead_after_a_commit_that_grew_the_file_by_more_than_the_bound(tmp_path):
+    env = _env(tmp_path, 64 << 20)
+    data_file = tmp_path / "data.mdb"
+    prewriter = Prewriter(env)
+    try:
+        with env.begin(write=True) as txn:  # a Spark sink's batch half, say
+            txn.put(b"large", os.urandom(PREWRITE_SKIP_ABOVE + (64 << 10)))
+        prewriter.after_commit()
+        size, used = _file_and_used(env, data_file)
+        assert size == used, "zeros written ahead of a large commit: each of its bytes is written twice"
+        with env.begin(write=True) as txn:
+            txn.put(b"small", b"x")
+        prewriter.after_commit()  # small commits are written ahead of again
+        size, used = _file_and_used(env, data_file)
+        assert size >= used + PREWRITE_STEP
     finally:
         prewriter.close()
         env.close()
