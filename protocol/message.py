@@ -48,6 +48,7 @@ RECORD_HEADS = {flags: _record_head(flags) for flags in (0, SysFlag.BORNHOST_V6,
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
 _U16 = struct.Struct(">H")
+_BATCH_ENTRY = struct.Struct(">iiiii")  # a batch entry's totalSize, magic, bodyCRC, flag, bodyLength
 _HEAD_MAGIC = struct.Struct(">I")
 _TAIL_BODY = struct.Struct(">iqi")  # reconsumeTimes, preparedTransactionOffset, bodyLength
 _TOPIC_LEN = [bytes((n,)) for n in range(128)]
@@ -428,7 +429,7 @@ def decode_batch(body: bytes) -> list[BatchItem]:
     end = len(body)
     try:
         while pos < end:
-            size, _magic, _crc, flag, body_len = struct.unpack_from(">iiiii", body, pos)
+            size, _magic, _crc, flag, body_len = _BATCH_ENTRY.unpack_from(body, pos)
             if size < 22 or pos + size > end or body_len < 0 or 20 + body_len + 2 > size:
                 raise MessageFormatError(f"batch entry at {pos} has inconsistent lengths")
             p = pos + 20

@@ -69,6 +69,14 @@ def decode_properties(text: str) -> dict[str, str]:
     return props
 
 
+def encodes_as(text: str, props: dict[str, str]) -> bool:
+    """Whether ``encode_properties(props)`` is ``text``, for ``props`` decoded from ``text`` (keys since removed
+    from it make the answer False): so a caller can keep the text it has instead of encoding the same again.
+    Each pair decoded stands for one separator of the text, so as many pairs as separators means no segment was
+    malformed or repeated, and the decoded order is the text's."""
+    return len(props) == text.count(PROPERTY_SEPARATOR) and (not text or text[-1] == PROPERTY_SEPARATOR)
+
+
 def check_properties_size(encoded: bytes) -> None:
     if len(encoded) > MAX_PROPERTIES_BYTES:
         raise MessageFormatError(f"properties are {len(encoded)} bytes, more than {MAX_PROPERTIES_BYTES}")

@@ -14,7 +14,7 @@ from halfmq.protocol.headers import (ConsumerSendMsgBackRequestHeader, SendMessa
                                      SendMessageRequestHeaderV2)
 from halfmq.protocol.message import (MessageRecord, create_offset_msg_id, decode_batch, decode_record,
                                      encode_record)
-from halfmq.protocol.properties import decode_properties, encode_properties
+from halfmq.protocol.properties import decode_properties, encode_properties, encodes_as
 from halfmq.store import record_request
 from halfmq.store.ops import PutMessages
 
@@ -166,8 +166,10 @@ class SendProcessor:
         for index, item in enumerate(items):
             if index and not index % step:
                 await asyncio.sleep(0)  # let other connections' requests run between slices
-            props = decode_properties(item.properties)
-            if props.get(P.TRAN_MSG) == "true" or delay_level(props) > 0 or not props.keys().isdisjoint(TIMER_KEYS):
+            own_text = item.properties
+            props = decode_properties(own_text)
+            if (props.get(P.TRAN_MSG) == "true" or (P.DELAY in props and delay_level(props) > 0)
+                    or not props.keys().isdisjoint(TIMER_KEYS)):
                 raise BrokerError(Failure.BAD_MESSAGE,
                                   "transactional, delayed or timer messages cannot be sent in a batch")
             if not 0 < len(item.body) <= max_body:
@@ -175,8 +177,9 @@ class SendProcessor:
             props.pop(P.WAIT, None)
             if props.keys().isdisjoint(outer):
                 # The usual message: its own properties, then the batch's, which it inherits whole (the text is the
-                # merged map's, in the same order, without encoding the batch's properties again for each message).
-                text = encode_properties(props) + outer_text
+                # merged map's, in the same order, without encoding the batch's properties again for each message,
+                # nor its own when the text it came with is their encoding).
+                text = (own_text if encodes_as(own_text, props) else encode_properties(props)) + outer_text
                 props.update(outer)
             else:
                 for key, value in outer.items():  # batch-level properties never override a message's own
@@ -188,12 +191,13 @@ class SendProcessor:
         host = born_host(channel)
         sys_flag = header.sysFlag & ~SysFlag.TRANSACTION_MASK
         requests = []
+        # One record of the batch's shared fields, its message's own set in turn: encode_record keeps none of it.
+        rec = MessageRecord(topic=topic, queue_id=queue_id, sys_flag=sys_flag, born_timestamp=header.bornTimestamp,
+                            born_host=host, store_host=ctx.store_host)
         for index, (item, (props, text)) in enumerate(zip(items, item_props)):
             if index and not index % step:
                 await asyncio.sleep(0)
-            rec = MessageRecord(topic=topic, body=item.body, queue_id=queue_id, flag=item.flag, sys_flag=sys_flag,
-                                born_timestamp=header.bornTimestamp, born_host=host, store_host=ctx.store_host,
-                                properties=props)
+            rec.body, rec.flag, rec.properties = item.body, item.flag, props
             requests.append(record_request(encode_record(rec, text), topic, queue_id, props))
         if transactional:
             if uniq is not None:

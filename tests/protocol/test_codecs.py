@@ -19,7 +19,7 @@ from halfmq.protocol.frame import FrameDecoder, encode_frame
 from halfmq.protocol.message import (BatchItem, MessageRecord, UniqKeyGenerator, create_offset_msg_id, decode_batch,
                                      decode_offset_msg_id, decode_record, decode_records, encode_batch, encode_record,
                                      record_index_fields, rewrite_record, rewritten_size, stamp_record, tags_hash)
-from halfmq.protocol.properties import decode_properties, encode_properties
+from halfmq.protocol.properties import decode_properties, encode_properties, encodes_as
 
 #: frames captured from real RocketMQ clients (kept in the repository: the suite reads nothing outside it)
 CAPTURED = Path(__file__).resolve().parent / "captured"
@@ -235,6 +235,16 @@ def test_rewritten_size_is_the_size_of_the_rewritten_record(props_text, topic, n
     for cut in (40, len(buf) - 1):
         with pytest.raises(MessageFormatError):
             rewritten_size(buf[:cut], new_topic)
+
+
+@given(index_texts | st.lists(st.sampled_from(["a\x01b\x02", "a\x01c\x02", "\x01x\x02", "k\x01\x02", "\x02", "z",
+                                                "v\x01w\x01x\x02"]), max_size=6).map("".join),
+       st.sampled_from([None, "a", "TAGS", "KEYS", "v"]))
+def test_a_text_is_kept_exactly_when_it_is_the_encoding_of_what_it_decodes_to(text, removed):
+    props = decode_properties(text)
+    if removed is not None:
+        props.pop(removed, None)
+    assert encodes_as(text, props) == (encode_properties(props) == text)
 
 
 def test_record_golden_layout():
