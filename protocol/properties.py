@@ -70,11 +70,27 @@ def decode_properties(text: str) -> dict[str, str]:
 
 
 def encodes_as(text: str, props: dict[str, str]) -> bool:
-    """Whether ``encode_properties(props)`` is ``text``, for ``props`` decoded from ``text`` (keys since removed
-    from it make the answer False): so a caller can keep the text it has instead of encoding the same again.
-    Each pair decoded stands for one separator of the text, so as many pairs as separators means no segment was
-    malformed or repeated, and the decoded order is the text's."""
+    """Whether ``encode_properties(props)`` is ``text``, for ``props`` decoded from ``text``: each pair decoded
+    stands for one separator of the text, so as many pairs as separators means no segment was malformed or
+    repeated, and the decoded order is the text's."""
     return len(props) == text.count(PROPERTY_SEPARATOR) and (not text or text[-1] == PROPERTY_SEPARATOR)
+
+
+def encoding_without(text: str, props: dict[str, str], name: str) -> str:
+    """Pop ``name`` from ``props`` (decoded from ``text``) and return ``encode_properties(props)``: the text as it
+    came, less that pair, when that is the encoding (the usual text: clients set WAIT on every message, which the
+    broker drops), else encoded afresh."""
+    value = props.pop(name, None)
+    if value is not None:
+        pair = f"{name}{NAME_VALUE_SEPARATOR}{value}{PROPERTY_SEPARATOR}"
+        if text.startswith(pair):
+            text = text[len(pair):]
+        else:
+            at = text.find(PROPERTY_SEPARATOR + pair) + 1  # a segment's start, not the end of a longer name
+            if not at:
+                return encode_properties(props)
+            text = text[:at] + text[at + len(pair):]
+    return text if encodes_as(text, props) else encode_properties(props)
 
 
 def check_properties_size(encoded: bytes) -> None:

@@ -14,7 +14,7 @@ from halfmq.protocol.headers import (ConsumerSendMsgBackRequestHeader, SendMessa
                                      SendMessageRequestHeaderV2)
 from halfmq.protocol.message import (MessageRecord, create_offset_msg_id, decode_batch, decode_record,
                                      encode_record)
-from halfmq.protocol.properties import decode_properties, encode_properties, encodes_as
+from halfmq.protocol.properties import decode_properties, encode_properties, encoding_without
 from halfmq.store import record_request
 from halfmq.store.ops import PutMessages
 
@@ -166,20 +166,19 @@ class SendProcessor:
         for index, item in enumerate(items):
             if index and not index % step:
                 await asyncio.sleep(0)  # let other connections' requests run between slices
-            own_text = item.properties
-            props = decode_properties(own_text)
+            props = decode_properties(item.properties)
             if (props.get(P.TRAN_MSG) == "true" or (P.DELAY in props and delay_level(props) > 0)
                     or not props.keys().isdisjoint(TIMER_KEYS)):
                 raise BrokerError(Failure.BAD_MESSAGE,
                                   "transactional, delayed or timer messages cannot be sent in a batch")
             if not 0 < len(item.body) <= max_body:
                 producer.check_body(len(item.body), f"body of batch message {index}")
-            props.pop(P.WAIT, None)
+            own_text = encoding_without(item.properties, props, P.WAIT)
             if props.keys().isdisjoint(outer):
                 # The usual message: its own properties, then the batch's, which it inherits whole (the text is the
                 # merged map's, in the same order, without encoding the batch's properties again for each message,
                 # nor its own when the text it came with is their encoding).
-                text = (own_text if encodes_as(own_text, props) else encode_properties(props)) + outer_text
+                text = own_text + outer_text
                 props.update(outer)
             else:
                 for key, value in outer.items():  # batch-level properties never override a message's own

@@ -8,7 +8,7 @@ import zlib
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from halfmq.protocol import headers as H
@@ -19,7 +19,7 @@ from halfmq.protocol.frame import FrameDecoder, encode_frame
 from halfmq.protocol.message import (BatchItem, MessageRecord, UniqKeyGenerator, create_offset_msg_id, decode_batch,
                                      decode_offset_msg_id, decode_record, decode_records, encode_batch, encode_record,
                                      record_index_fields, rewrite_record, rewritten_size, stamp_record, tags_hash)
-from halfmq.protocol.properties import decode_properties, encode_properties, encodes_as
+from halfmq.protocol.properties import decode_properties, encode_properties, encodes_as, encoding_without
 
 #: frames captured from real RocketMQ clients (kept in the repository: the suite reads nothing outside it)
 CAPTURED = Path(__file__).resolve().parent / "captured"
@@ -237,13 +237,26 @@ def test_rewritten_size_is_the_size_of_the_rewritten_record(props_text, topic, n
             rewritten_size(buf[:cut], new_topic)
 
 
-@given(index_texts | st.lists(st.sampled_from(["a\x01b\x02", "a\x01c\x02", "\x01x\x02", "k\x01\x02", "\x02", "z",
-                                                "v\x01w\x01x\x02"]), max_size=6).map("".join),
-       st.sampled_from([None, "a", "TAGS", "KEYS", "v"]))
-def test_a_text_is_kept_exactly_when_it_is_the_encoding_of_what_it_decodes_to(text, removed):
+#: property texts around a WAIT pair: at the start, after another pair, at the end of a longer name, repeated,
+#: malformed, without its separator
+wait_texts = index_texts | st.lists(st.sampled_from(["WAIT\x01true\x02", "a\x01b\x02", "XWAIT\x01true\x02", "\x02",
+                                                     "WAIT\x01false\x02", "k\x01\x02", "z", "v\x01w\x01x\x02",
+                                                     "WAIT\x01true", "\x01x\x02"]), max_size=6).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(wait_texts, st.sampled_from(["WAIT", "a", "XWAIT", "v", "absent"]))
+@example("XWAIT\x01true\x02a\x01b\x02WAIT\x01true\x02", "WAIT")  # the pair's text ends a longer name first
+def test_encoding_without_a_pair_is_the_encoding_of_the_rest(text, name):
     props = decode_properties(text)
-    if removed is not None:
-        props.pop(removed, None)
+    expected = {k: v for k, v in props.items() if k != name}
+    assert encoding_without(text, props, name) == encode_properties(expected)
+    assert props == expected
+
+
+@given(wait_texts)
+def test_a_text_is_its_own_encoding_exactly_when_encodes_as_says_so(text):
+    props = decode_properties(text)
     assert encodes_as(text, props) == (encode_properties(props) == text)
 
 
