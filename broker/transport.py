@@ -77,15 +77,17 @@ class FrameBudget:
         self.limit = limit
         self.wait_seconds = wait_seconds
         self.used = 0
-        self._waiting: deque["BrokerProtocol"] = deque()
+        self._waiting: deque = deque()
+        self._timers: dict[object, asyncio.TimerHandle] = {}  # a waiting holder → its wait_seconds timer
 
     def must_wait(self, charge: int) -> bool:
         return self.used > self.limit and self.used > charge
 
-    def recharge(self, holder, held: int) -> bool:
-        """``holder`` (a connection of either door: ``charged``, ``waiting_for_budget``, ``budget_granted``) now
-        holds ``held`` bytes of incomplete requests: its charge is what is beyond FREE_FRAME_BYTES. True when it
-        went over the budget while others hold some: it must ``wait`` (and not be read) until granted."""
+    def charge(self, holder, held: int, may_wait: bool) -> bool:
+        """``holder`` (a connection of either door: ``charged``, ``waiting_for_budget``, ``budget_granted``,
+        ``budget_timed_out``) now holds ``held`` bytes of incomplete requests: its charge is what is beyond
+        FREE_FRAME_BYTES. True when it went over the budget while others hold some and ``may_wait`` (it is open):
+        it then waits, unread, until ``budget_granted``, and is told ``budget_timed_out`` after wait_seconds."""
         charge = held - FREE_FRAME_BYTES if held > FREE_FRAME_BYTES else 0
         delta = charge - holder.charged
         if not delta:
@@ -95,29 +97,45 @@ class FrameBudget:
         if delta < 0:
             self.release()
             return False
-        return self.must_wait(charge) and not holder.waiting_for_budget
+        if not may_wait or holder.waiting_for_budget or not self.must_wait(charge):
+            return False
+        holder.waiting_for_budget = True
+        self._waiting.append(holder)
+        self._timers[holder] = asyncio.get_running_loop().call_later(self.wait_seconds, self._timed_out, holder)
+        return True
 
-    def wait(self, proto: "BrokerProtocol") -> None:
-        self._waiting.append(proto)
+    def forget(self, holder) -> None:
+        """``holder`` is gone: it waits no more."""
+        if holder.waiting_for_budget:
+            self._stop_waiting(holder)
+            try:
+                self._waiting.remove(holder)
+            except ValueError:
+                pass
 
-    def forget(self, proto: "BrokerProtocol") -> None:
-        try:
-            self._waiting.remove(proto)
-        except ValueError:
-            pass
+    def _stop_waiting(self, holder) -> None:
+        holder.waiting_for_budget = False
+        timer = self._timers.pop(holder, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _timed_out(self, holder) -> None:
+        self._timers.pop(holder, None)
+        holder.budget_timed_out()
 
     def release(self) -> None:
         """Charges went down: let waiting connections read again while there is room."""
         waiting = self._waiting
         while waiting:
-            proto = waiting[0]
-            if not proto.waiting_for_budget:
+            holder = waiting[0]
+            if not holder.waiting_for_budget:
                 waiting.popleft()
                 continue
-            if self.used >= self.limit and self.used > proto.charged:
+            if self.used >= self.limit and self.used > holder.charged:
                 break
             waiting.popleft()
-            proto.budget_granted()
+            self._stop_waiting(holder)
+            holder.budget_granted()
 
 
 @dataclass
@@ -187,8 +205,7 @@ class BrokerProtocol(asyncio.Protocol):
         self.budget = limits.frame_budget
         self._backlog_bytes = 0
         self.charged = 0  # what this connection holds of the shared frame budget
-        self.waiting_for_budget = False
-        self._budget_timer: asyncio.TimerHandle | None = None
+        self.waiting_for_budget = False  # set and cleared by the budget
         self.refused_rate = limits.refused_bytes_per_second
         self._refused_until = 0.0  # loop time until which the bytes of refused requests are being paid for
         self._refused_timer: asyncio.TimerHandle | None = None
@@ -230,10 +247,7 @@ class BrokerProtocol(asyncio.Protocol):
         if self._refused_timer is not None:
             self._refused_timer.cancel()
             self._refused_timer = None
-        if self.waiting_for_budget:
-            self.waiting_for_budget = False
-            self._budget_timer.cancel()
-            self.budget.forget(self)
+        self.budget.forget(self)
         self._charge()
         if self.channel is not None:
             self.dispatcher.channel_closed(self.channel)
@@ -302,21 +316,15 @@ class BrokerProtocol(asyncio.Protocol):
 
     def _charge(self) -> None:
         """Bring this connection's share of the frame budget up to date; over the budget, stop reading it."""
-        budget = self.budget
-        if (budget.recharge(self, self.decoder.buffered + self._backlog_bytes) and self.channel is not None
-                and not self.channel.closed):
-            self.waiting_for_budget = True
-            budget.wait(self)
-            self._budget_timer = asyncio.get_running_loop().call_later(budget.wait_seconds, self._budget_timeout)
+        if self.budget.charge(self, self.decoder.buffered + self._backlog_bytes,
+                              self.channel is not None and not self.channel.closed):
             self._update_reading()
 
     def budget_granted(self) -> None:
-        self.waiting_for_budget = False
-        self._budget_timer.cancel()
         self._update_reading()
 
-    def _budget_timeout(self) -> None:
-        if self.waiting_for_budget and self.transport is not None:
+    def budget_timed_out(self) -> None:
+        if self.transport is not None:
             log.warning("closing %s: it waited %ss for room to buffer its frame (serverMaxBufferedFrameBytes=%d "
                         "in use by other connections' incomplete frames)", self.channel.remote,
                         self.budget.wait_seconds, self.budget.limit)

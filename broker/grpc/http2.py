@@ -234,8 +234,7 @@ class _Connection(asyncio.Protocol):
         self.incomplete: dict[int, _Stream] = {}
         self.held = 0  #: bytes in ``incomplete``
         self.charged = 0  #: what ``held`` takes of the broker's shared budget (FrameBudget)
-        self.waiting_for_budget = False
-        self._budget_timer: asyncio.TimerHandle | None = None
+        self.waiting_for_budget = False  #: set and cleared by the budget
         self.tasks: set[asyncio.Future] = set()
         self.blocked: set[_Stream] = set()  #: streams whose answer waits for flow-control window
         self.paused: asyncio.Future | None = None  #: set while the socket's write buffer is full
@@ -302,10 +301,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.server.connections.discard(self)
-        if self.waiting_for_budget:
-            self.waiting_for_budget = False
-            self._budget_timer.cancel()
-            self.server.frame_budget.forget(self)
+        self.server.frame_budget.forget(self)
         for stream in list(self.streams.values()):
             self._reset(stream.id)
         self.transport = None  # its requests' charge goes back to the budget, and nothing waits again
@@ -427,19 +423,14 @@ class _Connection(asyncio.Protocol):
         the remoting connections (serverMaxBufferedFrameBytes): over it, no request of this connection gets more
         window until others' requests complete (``budget_granted``), for at most serverBufferedFrameWaitSeconds."""
         self.held = sum(len(s.buffer) for s in self.incomplete.values())
-        budget = self.server.frame_budget
-        if budget.recharge(self, self.held) and self.transport is not None and not self.transport.is_closing():
-            self.waiting_for_budget = True
-            budget.wait(self)
-            self._budget_timer = asyncio.get_running_loop().call_later(budget.wait_seconds, self._budget_timeout)
+        self.server.frame_budget.charge(self, self.held,
+                                        self.transport is not None and not self.transport.is_closing())
 
     def budget_granted(self) -> None:
-        self.waiting_for_budget = False
-        self._budget_timer.cancel()
         self._release()
 
-    def _budget_timeout(self) -> None:
-        if self.waiting_for_budget and self.transport is not None:
+    def budget_timed_out(self) -> None:
+        if self.transport is not None:
             log.warning("closing gRPC connection %s: it waited %ss for room to buffer its requests "
                         "(serverMaxBufferedFrameBytes=%d in use by other connections' incomplete requests)",
                         self.peer, self.server.frame_budget.wait_seconds, self.server.frame_budget.limit)
