@@ -203,7 +203,7 @@ class RouteService:
             group = checked_group(request.group)
             require(caller, (GROUP, group, SUB))
             await self.ctx.topics.ensure_group(group)
-        self.sessions.refresh(session)
+        self.sessions.heartbeat(session)
         return pb.HeartbeatResponse(status=ok())
 
     async def notify_client_termination(self, request, caller: Caller):

@@ -68,6 +68,10 @@ class ClientSession:
         self.language = _LANGUAGES.get(language, LanguageCode.OTHER)
         self.settings = None
         self.producer_topics: set[str] = set()
+        #: set by the first heartbeat: the client runs. Clients send settings while they start, and the Python
+        #: client drops a check that comes before it runs, so checks wait for this (as RocketMQ's proxy registers
+        #: producers on heartbeats).
+        self.running = False
         self.max_unread = max_unread
         self.max_body = max_body
         self._outbox: asyncio.Queue | None = None  # the live telemetry stream's, None without one
@@ -231,10 +235,14 @@ class Sessions:
                 session.producer_topics.add(topic)
         self.refresh(session)
 
+    def heartbeat(self, session: ClientSession) -> None:
+        session.running = True
+        self.refresh(session)
+
     def refresh(self, session: ClientSession) -> None:
-        """Re-register a live producer (a heartbeat): keeps it from expiring, and a first registration makes its
-        topics' waiting halves due."""
-        if not session.writable:
+        """Re-register a live producer that runs (it heartbeats): keeps it from expiring, and a first registration
+        makes its topics' waiting halves due."""
+        if not (session.writable and session.running):
             return
         for topic in session.producer_topics:
             self.ctx.producers.register(transaction_group(topic), session.info())

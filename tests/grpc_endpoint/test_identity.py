@@ -11,8 +11,8 @@ import threading
 import grpc
 import pytest
 from rocketmq import ClientConfiguration, Credentials, Producer, TransactionResolution
-from rocketmq.grpc_protocol import (ClientType, Code, NotifyClientTerminationRequest, QueryAssignmentRequest,
-                                    QueryRouteRequest, ReceiveMessageRequest, TelemetryCommand)
+from rocketmq.grpc_protocol import (ClientType, Code, HeartbeatRequest, NotifyClientTerminationRequest,
+                                    QueryAssignmentRequest, QueryRouteRequest, ReceiveMessageRequest, TelemetryCommand)
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 from rocketmq.v5.util.signature import Signature
 
@@ -197,6 +197,33 @@ def test_acl_off_a_client_id_belongs_to_its_address(grpc_broker_factory, streams
     again = streams(broker.endpoint, "victim@1")
     again.send(producer_settings(["Pay"]))
     assert again.next().status.code == Code.OK
+
+
+def test_a_producer_gets_checks_once_it_heartbeats_not_when_its_settings_arrive(grpc_broker_factory, clients,
+                                                                               streams):
+    """The official clients send their settings while they start, and the Python client drops a check that comes
+    before it runs ("producer is not running": a CI failure of the restart test, which then waited for the next
+    interval). A producer is registered for its topics' checks by its heartbeat, the first a second after start,
+    as RocketMQ's proxy does."""
+    broker = grpc_broker_factory(transactionTimeOut=300, transactionCheckInterval=60_000)
+    first = clients(Producer(broker.config(), ("Ship",), Checker(TransactionResolution.ROLLBACK)))
+    first.send(message("Ship", b"ship order 8"), first.begin_transaction())
+    first.shutdown()
+    waiting = broker.broker.ctx.check_back.waiting_for_producer
+    wait_until(lambda: waiting.get("%GRPC%Ship"))
+    starting = streams(broker.endpoint, "starting@1")
+    starting.send(producer_settings(["Ship"]))
+    assert starting.next().status.code == Code.OK
+    with pytest.raises(queue.Empty):
+        starting.next(timeout=2)  # settings alone: no check yet
+    assert waiting.get("%GRPC%Ship")
+    with channel_to(broker.endpoint) as channel:
+        answer = unary(channel, broker.endpoint, "Heartbeat", HeartbeatRequest(client_type=ClientType.PRODUCER),
+                       "starting@1")
+    assert answer.status.code == Code.OK
+    check = starting.next()
+    assert check is not None and check.HasField("recover_orphaned_transaction_command"), check
+    assert check.recover_orphaned_transaction_command.message.body == b"ship order 8"
 
 
 # --- 3. system topics are read by loopback clients only when ACL is off, through gRPC as through remoting ---
