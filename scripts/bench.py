@@ -11,7 +11,9 @@ is started in a subprocess on free ports over a temporary store (SYNC_FLUSH unle
 the benchmark ends (also on an error or Ctrl-C). Filling and draining phases print their progress every second.
 
 ``alternate`` runs ``producer --spawn-broker`` and ``transaction --spawn-broker`` (every transaction committed;
-``--what`` picks one) of each checkout in turn (each with its own .venv when it has one), ``--rounds`` times, and
+``--what`` picks one) against the broker of each checkout in turn (each run with its own .venv when it has one:
+``--broker-tree``), ``--rounds`` times. The load comes from this checkout's client in every run, an independent load
+generator, so a change to the client does not move the broker's figures. It
 prints each run's TPS, p50/p99 and CPU per message (per transaction) of the client, the broker and the broker's
 helper processes (the store's writer), read from /proc between the run's first and last progress lines: on a busy
 machine TPS swings, CPU per message much less. It ends with each checkout's median TPS, latency and CPU, their
@@ -156,15 +158,17 @@ class Progress:
             pass
 
 
-async def start_broker(*flags: str, dashboard: bool = True) -> tuple[asyncio.subprocess.Process, re.Match]:
+async def start_broker(*flags: str, dashboard: bool = True, python: str = sys.executable,
+                       cwd: str | None = None) -> tuple[asyncio.subprocess.Process, re.Match]:
     """A broker subprocess on free loopback ports over a temporary store (removed by remove_temp_stores), with
     ``flags`` added (gRPC off unless a flag turns it on, the dashboard off; ``dashboard=False``: a broker from before
-    the dashboard, which knows no such key): (process, the match of its ready line: broker, namesrv and metrics
-    addresses)."""
-    cmd = [sys.executable, "-m", "halfmq.broker.cli", "broker", "--bindAddress=127.0.0.1", "--listenPort=0",
+    the dashboard, which knows no such key), run by ``python`` in ``cwd`` (another checkout's broker): (process, the
+    match of its ready line: broker, namesrv and metrics addresses)."""
+    cmd = [python, "-m", "halfmq.broker.cli", "broker", "--bindAddress=127.0.0.1", "--listenPort=0",
            "--namesrvListenPort=0", "--grpcListenPort=-1", *(["--dashboardPort=-1"] if dashboard else []),
            f"--storePathRootDir={temp_store()}", *flags]
-    proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+                                                cwd=cwd)
     try:
         while True:
             line = await asyncio.wait_for(proc.stdout.readline(), 30)
@@ -181,10 +185,13 @@ async def start_broker(*flags: str, dashboard: bool = True) -> tuple[asyncio.sub
 
 
 async def spawn_broker(args) -> tuple[asyncio.subprocess.Process, str, str]:
+    tree = args.broker_tree
+    python = os.path.join(tree, ".venv", "bin", "python") if tree else sys.executable
     proc, ready = await start_broker(
         "--metricsPromExporterPort=0", f"--flushDiskType={'ASYNC_FLUSH' if args.async_flush else 'SYNC_FLUSH'}",
         "--logLevel=WARNING", f"--transactionTimeOut={args.check_timeout}",
-        f"--transactionCheckInterval={args.check_interval}")
+        f"--transactionCheckInterval={args.check_interval}", python=python if os.path.exists(python) else
+        sys.executable, cwd=tree, dashboard=not tree or os.path.isdir(os.path.join(tree, "dashboard")))
     return proc, ready.group(2).decode(), ready.group(3).decode()
 
 
@@ -387,18 +394,16 @@ def cpu_sample(client: int) -> dict[str, float]:
 
 
 def load_run(tree: str, what: str, args) -> dict:
-    """One ``producer`` or ``transaction`` (all commits) ``--spawn-broker`` run of checkout ``tree``: its TPS,
-    p50/p99 and CPU microseconds per message (or per transaction) of the client, the broker and its writer."""
-    tree = os.path.abspath(tree)
-    python = os.path.join(tree, ".venv", "bin", "python")
-    cmd = [python if os.path.exists(python) else sys.executable, os.path.join(tree, "scripts", "bench.py"),
-           what, "--spawn-broker", f"--duration={args.duration}", f"--size={args.size}",
-           f"--inflight={args.inflight}"]
+    """One ``producer`` or ``transaction`` (all commits) ``--spawn-broker`` run against checkout ``tree``'s broker:
+    its TPS, p50/p99 and CPU microseconds per message (or per transaction) of the client, the broker and its
+    writer."""
+    cmd = [sys.executable, os.path.abspath(__file__), what, "--spawn-broker", f"--broker-tree={os.path.abspath(tree)}",
+           f"--duration={args.duration}", f"--size={args.size}", f"--inflight={args.inflight}"]
     if what == "transaction":
         cmd += ["--unknown=0", "--rollback=0"]
     first = last = None
     messages, summary = 0, None
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=tree) as proc:
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) as proc:
         for line in proc.stdout:
             match = PROGRESS.match(line)
             if match:
@@ -478,6 +483,8 @@ def main() -> None:
                         help="alternate mode: sends, transactions (all commits), or both")
     parser.add_argument("--namesrv", default="127.0.0.1:9876")
     parser.add_argument("--spawn-broker", action="store_true")
+    parser.add_argument("--broker-tree", default="",
+                        help="--spawn-broker: the checkout whose broker is spawned (with its .venv when it has one)")
     parser.add_argument("--async-flush", action="store_true")
     parser.add_argument("--topic", default="BenchTopic")
     parser.add_argument("--size", type=int, default=1024)
