@@ -40,6 +40,17 @@ def pack_marker(half_offset: int, part: tuple[int, int], topic: str, queue_id: i
                        store_timestamp) + name
 
 
+def pack_markers(half_offset: int, parts, topic: str, queue_id: int, queue_offset: int,
+                 store_timestamp: int) -> list[bytes]:
+    """pack_marker of each part (start, size, ...) of a batch half, at consecutive queue offsets from
+    ``queue_offset``: one pack per marker (the name packed with the fields)."""
+    name = topic.encode()
+    pack = struct.Struct(f"{MARKER.format}{len(name)}s").pack
+    size = MARKER.size + len(name)
+    return [pack(size, MARKER_MAGIC, half_offset, part[0], part[1], queue_id, offset, store_timestamp, name)
+            for offset, part in enumerate(parts, queue_offset)]
+
+
 def is_marker(raw) -> bool:
     return raw[4:8] == MARKER_MAGIC_BYTES
 

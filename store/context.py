@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from halfmq.protocol.message import stamp_record
 
-from .committed import pack_marker
+from .committed import pack_marker, pack_markers
 from .errors import InvalidWriteError
 from .halfs import HalfState
 from .keys import CQ_VALUE, DELETED_TOPICS_KEY, DUE_KEY, QUEUE_KEY, TOPIC_ID, U64, offset_key
@@ -116,6 +116,39 @@ class WriteContext:
         marker = pack_marker(half_offset, part, topic, queue_id, queue_offset, self.now_ms)
         self._append(topic, queue_id, marker, size, tags_code, True, keys, queue_offset)
         return physical, queue_offset, self.now_ms, size
+
+    def put_committed_batch(self, topic: str, queue_id: int, half_offset: int,
+                            index: list[tuple[int, int, int, str | None]]) -> tuple[tuple[int, int, int, int], int]:
+        """put_committed of each record of a batch half's body, ``index`` (protocol.message.batch_index: start,
+        size, tags code, KEYS of each), at consecutive queue offsets: the first's value and the last's commit-log
+        offset. One loop of the batch's own: per record, _append's checks and counter updates were most of a batch
+        commit."""
+        counters, now = self.counters, self.now_ms
+        tid = self._topic_id(topic)
+        queue = (topic, queue_id)
+        first_queue_offset = counters.queue_max.get(queue, 0)
+        physical = counters.next_physical
+        if not self._records:
+            self._first_buffered = physical
+        records, entries = self._records, self._entries
+        queue_key, cq_value, u64 = QUEUE_KEY.pack, CQ_VALUE.pack, U64.pack
+        keys_db, encoded, put = self.dbs["keys"], topic.encode(), self.txn.put
+        first = (physical, first_queue_offset, now, index[0][1])
+        queue_offset = first_queue_offset
+        for marker, (_start, size, tags_code, keys) in zip(
+                pack_markers(half_offset, index, topic, queue_id, first_queue_offset, now), index):
+            records.append((u64(physical), marker))
+            entries.append((queue_key(tid, queue_id, queue_offset), cq_value(physical, size, tags_code, now)))
+            if keys:
+                for key in keys.split():
+                    put(key_index_key(encoded, key, physical), b"", db=keys_db)
+            last = physical
+            physical += len(marker)
+            queue_offset += 1
+        self.writes += len(index)
+        counters.next_physical = physical
+        counters.queue_max[queue] = self.grown[queue] = queue_offset
+        return first, last
 
     def _append(self, topic: str, queue_id: int, stored: bytes, size: int, tags_code: int, index: bool,
                 keys: str | None, queue_offset: int) -> None:

@@ -17,8 +17,7 @@ from dataclasses import dataclass
 
 from halfmq.protocol import properties as P
 from halfmq.protocol.errors import MessageFormatError
-from halfmq.protocol.message import (body_crc_matches, body_records, decode_record, record_index_fields,
-                                     rewritten_size)
+from halfmq.protocol.message import batch_index, body_crc_matches, decode_record, rewritten_size
 
 from .context import WriteContext
 from .errors import CorruptRecordError, HalfConflictError, HalfMismatchError, HalfNotFoundError
@@ -69,17 +68,13 @@ def _commit(wctx: WriteContext, raw: bytes, half_offset: int, state: HalfState) 
         return PutResult._make(wctx.put_committed(state.topic, state.queue_id, half_offset, (0, 0), size,
                                                   state.tags_code, state.keys))
     try:
-        parts = body_records(raw)
-        if len(parts) != state.batch:
-            raise MessageFormatError(f"the batch half holds {len(parts)} records, not {state.batch}")
-        view = memoryview(raw)
-        index_fields = [record_index_fields(view[start:start + size]) for start, size in parts]
+        index = batch_index(raw)
+        if len(index) != state.batch:
+            raise MessageFormatError(f"the batch half holds {len(index)} records, not {state.batch}")
     except MessageFormatError as exc:
         raise CorruptRecordError(half_offset, f"the batch half's body: {exc}") from None
-    results = [wctx.put_committed(state.topic, state.queue_id, half_offset, part, part[1], tags_code, keys)
-               for part, (tags_code, keys) in zip(parts, index_fields)]
-    state.committed_last = results[-1][0]
-    return PutResult._make(results[0])
+    first, state.committed_last = wctx.put_committed_batch(state.topic, state.queue_id, half_offset, index)
+    return PutResult._make(first)
 
 
 @dataclass(slots=True)

@@ -16,9 +16,9 @@ from halfmq.protocol.codes import SerializeType
 from halfmq.protocol.command import RemotingCommand, decode_command
 from halfmq.protocol.errors import FrameError, HeaderError, MessageFormatError, ProtocolError
 from halfmq.protocol.frame import FrameDecoder, encode_frame
-from halfmq.protocol.message import (BatchItem, MessageRecord, UniqKeyGenerator, create_offset_msg_id, decode_batch,
-                                     decode_offset_msg_id, decode_record, decode_records, encode_batch, encode_record,
-                                     record_index_fields, rewrite_record, rewritten_size, stamp_record, tags_hash)
+from halfmq.protocol.message import (BatchItem, MessageRecord, UniqKeyGenerator, batch_index, create_offset_msg_id,
+                                     decode_batch, decode_offset_msg_id, decode_record, decode_records, encode_batch,
+                                     encode_record, rewrite_record, rewritten_size, stamp_record, tags_hash)
 from halfmq.protocol.properties import decode_properties, encode_properties, encodes_as, encoding_without
 
 #: frames captured from real RocketMQ clients (kept in the repository: the suite reads nothing outside it)
@@ -210,17 +210,37 @@ index_texts = st.one_of(st.dictionaries(index_names, st.sampled_from(["", "a", "
                                  max_size=8).map("".join))
 
 
-@given(index_texts, st.text("xyz", min_size=1, max_size=200), st.booleans())
-def test_record_index_fields_read_tags_and_keys_as_decode_properties_does(props_text, topic, v6):
-    rec = MessageRecord(topic=topic, body=b"body", born_host="[::1]:5" if v6 else "127.0.0.1:5",
-                        store_host="127.0.0.1:6")
-    buf = encode_record(rec, properties_text=props_text)
-    props = decode_properties(props_text)
-    expected = (tags_hash(props.get("TAGS")), props.get("KEYS") or None)
-    assert record_index_fields(buf) == expected
-    assert record_index_fields(memoryview(b"pad" + bytes(buf))[3:]) == expected  # a record inside a batch half
+@given(st.lists(st.tuples(index_texts, st.text("xyz", min_size=1, max_size=200), st.booleans()), min_size=1,
+                max_size=5), st.booleans())
+def test_batch_index_reads_each_records_place_tags_and_keys_as_decode_properties_does(records, v6_half):
+    encoded = [encode_record(MessageRecord(topic=topic, body=b"body", born_host="[::1]:5" if v6 else "127.0.0.1:5",
+                                           store_host="127.0.0.1:6"), properties_text=props_text)
+               for props_text, topic, v6 in records]
+    half = encode_record(MessageRecord(topic="HALF", body=b"".join(encoded), store_host="127.0.0.1:6",
+                                       born_host="[::1]:5" if v6_half else "127.0.0.1:5"))
+    expected, start = [], half.index(b"".join(encoded))
+    for buf, (props_text, _topic, _v6) in zip(encoded, records):
+        props = decode_properties(props_text)
+        expected.append((start, len(buf), tags_hash(props.get("TAGS")), props.get("KEYS") or None))
+        start += len(buf)
+    assert batch_index(half) == expected
+    assert batch_index(bytearray(half)) == expected and batch_index(memoryview(half)) == expected
+
+
+def test_batch_index_refuses_a_body_that_is_not_whole_records():
+    one = encode_record(MessageRecord(topic="T", body=b"body", properties={"KEYS": "k"}))
+    long_body = bytearray(one)
+    long_body[one.index(b"body") - 4:one.index(b"body")] = (1000).to_bytes(4, "big")
+    for body in (one + b"xyz",  # bytes after the last record
+                 one[:-1],  # a record cut short
+                 bytes(long_body) + one):  # a record whose fields run past it (into the next record)
+        half = encode_record(MessageRecord(topic="HALF", body=body))
+        with pytest.raises(MessageFormatError):
+            batch_index(half)
+    broken = bytearray(one)
+    broken[-5:-4] = b"\xff"  # its property string is not UTF-8
     with pytest.raises(MessageFormatError):
-        record_index_fields(buf[:40])
+        batch_index(encode_record(MessageRecord(topic="HALF", body=bytes(broken))))
 
 
 @given(index_texts, st.text("xyz", min_size=1, max_size=200), st.text("ab", min_size=1, max_size=200),
