@@ -203,7 +203,7 @@ class Producer:
             raise ValueError("empty batch")
         if len({m.topic for m in msgs}) != 1 or any(m.delay_level for m in msgs):
             raise ValueError("a batch holds messages of one topic and without delay")
-        ids = [self.uniq.next() for _ in msgs]
+        ids = self.uniq.next_many(len(msgs))
         return ids, encode_batch([BatchItem(m.body, encode_properties(m.wire_properties(uid)), m.flag)
                                   for m, uid in zip(msgs, ids, strict=True)])
 

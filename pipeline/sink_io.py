@@ -73,7 +73,11 @@ class HalfTag:
 
     def row_key(self, row: int) -> str:
         """IDEMPOTENCY_KEY of the task's ``row``-th row: the same in every attempt of the batch."""
-        return f"{self.sink_id}:{self.batch_id}:{self.task.split('.', 1)[0]}:{row}"
+        return f"{self.row_key_prefix()}{row}"
+
+    def row_key_prefix(self) -> str:
+        """What every row_key of the task starts with (its row number follows)."""
+        return f"{self.sink_id}:{self.batch_id}:{self.task.split('.', 1)[0]}:"
 
 
 #: What a task hands the driver for each half it stored: topic, broker name, queue id, queue offset, msg id,

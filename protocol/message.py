@@ -414,14 +414,15 @@ class BatchItem:
 
 def encode_batch(items: list[BatchItem]) -> bytes:
     parts = []
+    append, entry, u16 = parts.append, _BATCH_ENTRY.pack, _U16.pack
     for item in items:
         props = item.properties.encode()
         check_properties_size(props)
-        size = 4 + 4 + 4 + 4 + 4 + len(item.body) + 2 + len(props)
-        parts.append(struct.pack(">iiiii", size, 0, 0, item.flag, len(item.body)))
-        parts.append(item.body)
-        parts.append(_U16.pack(len(props)))
-        parts.append(props)
+        body = item.body
+        append(entry(_BATCH_ENTRY.size + len(body) + 2 + len(props), 0, 0, item.flag, len(body)))
+        append(body)
+        append(u16(len(props)))
+        append(props)
     return b"".join(parts)
 
 
@@ -500,13 +501,24 @@ class UniqKeyGenerator:
         self._next_month = int(time.mktime((year, month, 1, 0, 0, 0, 0, 0, -1)) * 1000)
 
     def next(self) -> str:
+        head, counter = self._take(1)
+        return f"{head}{counter:04X}"
+
+    def next_many(self, count: int) -> list[str]:
+        """``count`` keys, as many calls of ``next`` in a row give them, for one clock read (a batch's messages: a
+        key each cost a Spark sink task a tenth of its time)."""
+        head, first = self._take(count)
+        return [f"{head}{counter & 0xFFFF:04X}" for counter in range(first, first + count)]
+
+    def _take(self, count: int) -> tuple[str, int]:
+        """The keys' common head (prefix and time) and the first of ``count`` counters taken."""
         now = int(time.time() * 1000)
         with self._lock:
             if now >= self._next_month:
                 self._roll_month(now)
-            self._counter = (self._counter + 1) & 0xFFFF
-            counter = self._counter
-        return f"{self._prefix}{(now - self._month_start) & 0xFFFFFFFF:08X}{counter:04X}"
+            first = (self._counter + 1) & 0xFFFF
+            self._counter = (self._counter + count) & 0xFFFF
+        return f"{self._prefix}{(now - self._month_start) & 0xFFFFFFFF:08X}", first
 
 
 @lru_cache(maxsize=65536)

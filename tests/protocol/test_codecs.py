@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import struct
+import time
 import zlib
 from pathlib import Path
 
@@ -336,6 +337,15 @@ def test_uniq_keys_are_unique_hex():
     keys = [gen.next() for _ in range(5000)]
     assert len(set(keys)) == 5000
     assert all(len(k) == 32 and int(k, 16) >= 0 and k.startswith("0A010203") for k in keys)
+
+
+def test_uniq_keys_taken_many_at_once_are_the_keys_taken_one_by_one(monkeypatch):
+    monkeypatch.setattr(time, "time", lambda: 1_790_000_000.123)
+    one_by_one, at_once = UniqKeyGenerator("10.1.2.3"), UniqKeyGenerator("10.1.2.3")
+    at_once._prefix = one_by_one._prefix  # the instance hash differs
+    for gen in (one_by_one, at_once):
+        gen._counter = 0xFFF0  # the counter wraps within the batch
+    assert at_once.next_many(40) + [at_once.next()] == [one_by_one.next() for _ in range(41)]
 
 
 def test_tag_hash_golden():
