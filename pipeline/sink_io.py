@@ -401,8 +401,9 @@ def _half_batches(messages: Iterable[Row], rows_per_half: int):
         batch, size = entry
         batch.append(msg)
         # The batch body's share of the row: its body, its properties and the item's fixed fields.
-        size[0] += len(msg.body) + 64 + len(msg.keys or "") + len(msg.tags or "") + sum(
-            len(k) + len(v) + 2 for k, v in msg.properties.items())
+        props = msg.properties
+        size[0] += (len(msg.body) + 64 + len(msg.keys or "") + len(msg.tags or "") + sum(map(len, props))
+                    + sum(map(len, props.values())) + 2 * len(props))
         if len(batch) >= rows_per_half or size[0] >= HALF_BATCH_BYTES:
             yield key, open_batches.pop(key)[0]
     for key, (batch, _size) in open_batches.items():
