@@ -364,3 +364,18 @@ def test_check_message_names_the_property_and_checks_the_half_group():
         names.check_message("T", {P.TRAN_MSG: "true", P.PGROUP: "p\x00g"}, "PG")
     assert info.value.code == ResponseCode.MESSAGE_ILLEGAL and "PGROUP" in info.value.remark
     names.check_message("T", {P.PGROUP: "p\x00g"})  # not a transaction: PGROUP files nothing
+
+
+def test_the_cache_of_checked_names_keeps_none_longer_than_a_name():
+    """Names are checked through a cache (names._is_name): a client sending huge names, each new, must not fill it
+    with their bytes."""
+    names._is_name.cache_clear()
+    for size in (128, 1 << 20):
+        with pytest.raises(BrokerError):
+            names.check_topic("t" * size)
+        with pytest.raises(BrokerError):
+            names.check_group("g" * size)
+    names.check_topic("Fine")
+    with pytest.raises(BrokerError):
+        names.check_topic("No!")
+    assert names._is_name.cache_info().currsize == 2
