@@ -132,26 +132,41 @@ def encode_record(rec: MessageRecord, properties_text: str | None = None) -> byt
     Raises:
         MessageFormatError: properties too long or a bad host.
     """
-    born = pack_host(rec.born_host)
-    store = pack_host(rec.store_host)
-    sys_flag = rec.sys_flag & ~(SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6)
-    if len(born) == 20:
-        sys_flag |= SysFlag.BORNHOST_V6
-    if len(store) == 20:
-        sys_flag |= SysFlag.STOREHOST_V6
-    topic = rec.topic.encode()
+    born, store, host_flags = _hosts(rec.born_host, rec.store_host)
+    name = rec.topic
+    magic, topic = _topic_part(name) if len(name) <= _CACHED_TOPIC_CHARS else _topic_part.__wrapped__(name)
     props = (properties_text if properties_text is not None else encode_properties(rec.properties)).encode()
     check_properties_size(props)
-    v2 = len(topic) > 127
     body = rec.body
-    size = (48 + len(born) + 8 + len(store) + 12 + 4 + len(body) + (2 if v2 else 1) + len(topic)
-            + 2 + len(props))
+    size = 48 + len(born) + 8 + len(store) + 12 + 4 + len(body) + len(topic) + 2 + len(props)
     return _EMPTY.join((
-        _HEAD.pack(size, MAGIC_V2 if v2 else MAGIC_V1, body_crc(body), rec.queue_id, rec.flag, rec.queue_offset,
-                   rec.physical_offset, sys_flag, rec.born_timestamp),
+        _HEAD.pack(size, magic, body_crc(body), rec.queue_id, rec.flag, rec.queue_offset, rec.physical_offset,
+                   (rec.sys_flag & ~HOST_FLAGS) | host_flags, rec.born_timestamp),
         born, _I64.pack(rec.store_timestamp), store,
         _TAIL_BODY.pack(rec.reconsume_times, rec.prepared_transaction_offset, len(body)), body,
-        _U16.pack(len(topic)) if v2 else _TOPIC_LEN[len(topic)], topic, _U16.pack(len(props)), props))
+        topic, _U16.pack(len(props)), props))
+
+
+@lru_cache(maxsize=4096)
+def _hosts(born_host: str, store_host: str) -> tuple[bytes, bytes, int]:
+    """The packed born and store hosts of a record and the host flags they take (a sender's and the broker's
+    addresses: few, and every record encodes them)."""
+    born, store = pack_host(born_host), pack_host(store_host)
+    return born, store, (SysFlag.BORNHOST_V6 if len(born) == 20 else 0) | (
+        SysFlag.STOREHOST_V6 if len(store) == 20 else 0)
+
+
+#: topic names up to this long (every valid name, retry and DLQ topics too) have their field cached
+_CACHED_TOPIC_CHARS = 255
+
+
+@lru_cache(maxsize=4096)
+def _topic_part(topic: str) -> tuple[int, bytes]:
+    """A record's magic code and its topic field (length and name): v2 for a name longer than 127 bytes."""
+    name = topic.encode()
+    if len(name) > 127:
+        return MAGIC_V2, _U16.pack(len(name)) + name
+    return MAGIC_V1, _TOPIC_LEN[len(name)] + name
 
 
 def store_timestamp_pos(buf, start: int = 0) -> int:

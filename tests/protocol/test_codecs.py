@@ -185,7 +185,8 @@ def test_properties_parser_is_tolerant():
 
 
 records = st.builds(MessageRecord, topic=st.one_of(st.text("abc", min_size=1, max_size=10),
-                                                   st.text("xyz", min_size=128, max_size=200)),
+                                                   st.text("xyz", min_size=128, max_size=200),
+                                                   st.text("é", min_size=250, max_size=300)),  # past the cache
                     body=st.binary(max_size=100), queue_id=int32, flag=int32, queue_offset=int64,
                     physical_offset=int64, sys_flag=st.sampled_from([0, 1, 4, 8, 0x301]), born_timestamp=int64,
                     born_host=hosts, store_timestamp=int64, store_host=hosts, reconsume_times=int32,
