@@ -422,7 +422,7 @@ def record_body(buf) -> memoryview:
 
 @dataclass(slots=True)
 class BatchItem:
-    body: bytes
+    body: bytes | memoryview  #: a view of the batch body when decoded (decode_batch)
     properties: str
     flag: int = 0
 
@@ -442,7 +442,8 @@ def encode_batch(items: list[BatchItem]) -> bytes:
 
 
 def decode_batch(body: bytes) -> list[BatchItem]:
-    """Split a batch body into its messages.
+    """Split a batch body into its messages; their bodies are views of ``body``, not copies (each is copied once,
+    into its record).
 
     Raises:
         MessageFormatError: a length points outside the body.
@@ -450,13 +451,14 @@ def decode_batch(body: bytes) -> list[BatchItem]:
     items = []
     pos = 0
     end = len(body)
+    view = memoryview(body)
     try:
         while pos < end:
             size, _magic, _crc, flag, body_len = _BATCH_ENTRY.unpack_from(body, pos)
             if size < 22 or pos + size > end or body_len < 0 or 20 + body_len + 2 > size:
                 raise MessageFormatError(f"batch entry at {pos} has inconsistent lengths")
             p = pos + 20
-            item_body = body[p:p + body_len]
+            item_body = view[p:p + body_len]
             p += body_len
             (props_len,) = _U16.unpack_from(body, p)
             p += 2
