@@ -19,6 +19,7 @@ A marker is told from a record by its magic code, which no record has.
 from __future__ import annotations
 
 import struct
+from functools import lru_cache
 
 from halfmq.protocol.errors import MessageFormatError
 from halfmq.protocol.message import (RecordPlace, mark_committed, record_place, record_properties_text,
@@ -36,19 +37,24 @@ MARKER_MAGIC_BYTES = MARKER_MAGIC.to_bytes(4, "big")
 def pack_marker(half_offset: int, part: tuple[int, int], topic: str, queue_id: int, queue_offset: int,
                 store_timestamp: int) -> bytes:
     name = topic.encode()
-    return MARKER.pack(MARKER.size + len(name), MARKER_MAGIC, half_offset, part[0], part[1], queue_id, queue_offset,
-                       store_timestamp) + name
+    return _marker_struct(len(name)).pack(MARKER.size + len(name), MARKER_MAGIC, half_offset, part[0], part[1],
+                                          queue_id, queue_offset, store_timestamp, name)
 
 
 def pack_markers(half_offset: int, parts, topic: str, queue_id: int, queue_offset: int,
                  store_timestamp: int) -> list[bytes]:
     """pack_marker of each part (start, size, ...) of a batch half, at consecutive queue offsets from
-    ``queue_offset``: one pack per marker (the name packed with the fields)."""
+    ``queue_offset``."""
     name = topic.encode()
-    pack = struct.Struct(f"{MARKER.format}{len(name)}s").pack
-    size = MARKER.size + len(name)
+    pack, size = _marker_struct(len(name)).pack, MARKER.size + len(name)
     return [pack(size, MARKER_MAGIC, half_offset, part[0], part[1], queue_id, offset, store_timestamp, name)
             for offset, part in enumerate(parts, queue_offset)]
+
+
+@lru_cache(maxsize=512)
+def _marker_struct(name_bytes: int) -> struct.Struct:
+    """MARKER followed by a topic name of ``name_bytes``: a marker in one pack."""
+    return struct.Struct(f"{MARKER.format}{name_bytes}s")
 
 
 def is_marker(raw) -> bool:
