@@ -16,8 +16,9 @@ from halfmq.protocol.headers import Header, SendMessageRequestHeaderV2
 
 USUAL = {"a": "PG", "b": "TopicA", "c": "TBW102", "d": "4", "e": "3", "f": "0", "g": "1763900000000", "h": "0",
          "i": "UNIQ_KEY\x01AC11\x02WAIT\x01true\x02", "j": "0", "k": "false", "m": "true", "n": "broker-a"}
-#: spellings around each edge a decoder draws: signs, spaces, underscores, non-ASCII digits, int64 bounds, 19+ chars
-EDGES = ["0", "7", "-1", " 5 ", "+3", "1_000", "٣", "", "x", "true", "false", "TRUE", "1", " false", "9" * 18, "9" * 19,
+#: spellings around each edge a decoder draws: signs, spaces, underscores, non-ASCII digits, int64 bounds, 19+ chars,
+#: the small integers' table (its last and the first beyond it, leading zeros)
+EDGES = ["0", "7", "1023", "1024", "007", "-1", " 5 ", "+3", "1_000", "٣", "", "x", "true", "false", "TRUE", "1", " false", "9" * 18, "9" * 19,
          "-" + "9" * 18, "-" + "9" * 19, str(2 ** 63), str(2 ** 63 - 1), str(-(2 ** 63)), "0" * 30 + "1", "1e3"]
 HEADERS = sorted((cls for _name, cls in inspect.getmembers(headers, inspect.isclass)
                   if issubclass(cls, Header) and cls is not Header and dataclasses.is_dataclass(cls)),
