@@ -12,12 +12,15 @@ the benchmark ends (also on an error or Ctrl-C). Filling and draining phases pri
 
 ``alternate`` runs ``producer --spawn-broker`` and ``transaction --spawn-broker`` (every transaction committed;
 ``--what`` picks one) against the broker of each checkout in turn (each run with its own .venv when it has one:
-``--broker-tree``), ``--rounds`` times. The load comes from this checkout's client in every run, an independent load
+``--broker-tree``), ``--rounds`` times: a kind's runs of every checkout back to back, in reverse order every other
+round. The load comes from this checkout's client in every run, an independent load
 generator, so a change to the client does not move the broker's figures. It
 prints each run's TPS, p50/p99 and CPU per message (per transaction) of the client, the broker and the broker's
 helper processes (the store's writer), read from /proc between the run's first and last progress lines: on a busy
 machine TPS swings, CPU per message much less. It ends with each checkout's median TPS, latency and CPU, their
-ratio to the first checkout, and each checkout's transactions/s over its sends/s.
+ratio to the first checkout, and each checkout's transactions/s over its sends/s; ``paired_ratio`` and
+``paired_tx_plain_ratio`` are the medians of the same ratios taken round by round (runs minutes apart on a shared
+machine differ by more than the checkouts do).
 """
 from __future__ import annotations
 
@@ -422,12 +425,15 @@ def load_run(tree: str, what: str, args) -> dict:
 
 
 def alternate(args) -> None:
-    """Sends, then transactions, of each checkout in turn, ``--rounds`` times (``--what`` picks one of them)."""
+    """Each kind (sends, then transactions; ``--what`` picks one) of every checkout back to back, ``--rounds``
+    times, the checkouts' order reversed every other round: the machine's speed drifts over minutes (a shared host),
+    so each round's runs of one kind are compared with each other (``paired_ratio``, the median of the rounds'
+    ratios) besides the ratio of the medians."""
     kinds = ["producer", "transaction"] if args.what == "both" else [args.what]
     runs: dict[tuple[str, str], list[dict]] = {(tree, kind): [] for tree in args.trees for kind in kinds}
     for round_no in range(1, args.rounds + 1):
-        for tree in args.trees:
-            for kind in kinds:
+        for kind in kinds:
+            for tree in (args.trees if round_no % 2 else args.trees[::-1]):
                 run = load_run(tree, kind, args)
                 runs[(tree, kind)].append(run)
                 print(f"[round {round_no}] {tree} {kind}: tps={run['tps']:,.0f} p50_ms={run['p50_ms']:.2f} "
@@ -435,15 +441,22 @@ def alternate(args) -> None:
                       f"broker={run['broker']:.1f} writer={run['helpers']:.1f} server={run['server']:.1f}",
                       flush=True)
     median = {key: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for key, rs in runs.items()}
+
+    def paired(numerator: list[dict], denominator: list[dict]) -> float:
+        return statistics.median(n["tps"] / d["tps"] for n, d in zip(numerator, denominator))
+
     for kind in kinds:
         base = median[(args.trees[0], kind)]
         for tree in args.trees:
             m = median[(tree, kind)]
             extra = ""
             if kind == "transaction" and "producer" in kinds:
-                extra = f" tx_plain_ratio={m['tps'] / median[(tree, 'producer')]['tps']:.2f}"
+                extra = (f" tx_plain_ratio={m['tps'] / median[(tree, 'producer')]['tps']:.2f}"
+                         f" paired_tx_plain_ratio={paired(runs[(tree, kind)], runs[(tree, 'producer')]):.2f}")
             print(f"SUMMARY mode=alternate kind={kind} tree={tree} rounds={args.rounds} median_tps={m['tps']:,.0f} "
-                  f"tps_ratio={m['tps'] / base['tps']:.2f}{extra} p50_ms={m['p50_ms']:.2f} p99_ms={m['p99_ms']:.2f} "
+                  f"tps_ratio={m['tps'] / base['tps']:.2f} "
+                  f"paired_ratio={paired(runs[(tree, kind)], runs[(args.trees[0], kind)]):.2f}{extra} "
+                  f"p50_ms={m['p50_ms']:.2f} p99_ms={m['p99_ms']:.2f} "
                   f"median_server_cpu_us={m['server']:.1f} server_cpu_ratio={m['server'] / base['server']:.2f} "
                   f"median_broker_cpu_us={m['broker']:.1f} median_writer_cpu_us={m['helpers']:.1f} "
                   f"median_client_cpu_us={m['client']:.1f}", flush=True)
