@@ -17,7 +17,11 @@ a flush interval: a power cut may lose the last interval, never the store.
 One thread. The meta page's sync runs on the writer's only thread; a group arriving meanwhile waits for it (a
 fraction of a millisecond here). A syncer thread that did it in parallel cost more than it
 saved: its hand-offs (GIL, condition, lock around the answers) made the writer's CPU per send 10-30% higher and the
-writer alone slower (benchmark of the link and writer, groups of 32 sends of 1 KiB, 2 in flight, alternated).
+writer alone slower (benchmark of the link and writer, groups of 32 sends of 1 KiB, 2 in flight, alternated). Two
+narrower variants, tried against this one with scripts/bench.py alternate (6 rounds, paired): a helper thread
+syncing a meta page only while another group already waited (transactions, where the writer is the busiest
+process, 0.94-0.97x, writer CPU per transaction 47 -> 51 us), and holding a commit's answers for the next commit's
+data sync only while another group already waited (sends 0.99-1.03x, transactions 0.97x).
 
 Writing ahead. A commit that appends to the data file grows it, and its fdatasync then also writes the inode (a
 second synchronous write) and the new blocks' allocation. ``Prewriter`` keeps the file written with zeros a few
