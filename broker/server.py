@@ -315,8 +315,12 @@ class Broker:
         self.ctx.consumers.expire(cutoff)
 
     def _close_idle(self, idle_seconds: float) -> None:
+        """serverChannelMaxIdleTimeSeconds, for every door: a connection whose client sent nothing for so long is
+        closed."""
         self.connections.close_idle(idle_seconds)
         self.namesrv_connections.close_idle(idle_seconds)
+        if self.grpc is not None:
+            self.grpc.close_idle(idle_seconds)
 
     async def stop(self) -> None:
         if self._stopping:

@@ -179,6 +179,11 @@ class GrpcEndpoint:
         self.port = bound
         return bound
 
+    def close_idle(self, idle_seconds: float) -> None:
+        """Close the connections whose client sent nothing for ``idle_seconds``."""
+        if self._server is not None:
+            self._server.close_idle(idle_seconds)
+
     def expire_sessions(self) -> None:
         """Forget clients without a telemetry stream that sent nothing for channelExpiredTimeout."""
         cutoff = time.monotonic() - self.ctx.config.channelExpiredTimeout / 1000

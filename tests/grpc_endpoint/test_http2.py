@@ -2,8 +2,10 @@
 side) for what grpcio never sends: requests left incomplete, compressed messages, paths that are not served."""
 from __future__ import annotations
 
+import select
 import socket
 import struct
+import time
 
 import h2.config
 import h2.connection
@@ -127,6 +129,30 @@ def test_incomplete_requests_of_a_connection_hold_at_most_the_budget_and_one_mes
         assert held <= budget + largest + len(calls) * stream_window, held
     finally:
         client.close()
+
+
+def test_a_connection_whose_client_sends_nothing_is_closed_after_the_idle_time(grpc_broker_factory):
+    """serverChannelMaxIdleTimeSeconds holds for gRPC connections as it does for remoting ones: one whose client
+    sends nothing for that long gets a GOAWAY and is closed, while one whose client keeps talking (PINGs here) stays.
+    Before, a gRPC connection that never spoke again stayed open for ever, and kept its place under
+    serverMaxConnections."""
+    broker = grpc_broker_factory(serverChannelMaxIdleTimeSeconds=1)
+    idle, busy = RawClient(broker.endpoint), RawClient(broker.endpoint)
+    try:
+        events, closed = [], False
+        deadline = time.monotonic() + 20
+        while not closed and time.monotonic() < deadline:
+            busy.round_trip()  # busy's client speaks all the while
+            if select.select([idle.sock], [], [], 0.2)[0]:
+                data = idle.sock.recv(1 << 16)
+                closed = not data
+                events += idle.h2.receive_data(data) if data else []
+        assert closed, "the idle connection is still open after 20 s"
+        assert any(isinstance(e, h2.events.ConnectionTerminated) for e in events)  # told why: a GOAWAY first
+        busy.round_trip()  # the connection in use is still served
+    finally:
+        idle.close()
+        busy.close()
 
 
 @pytest.fixture
