@@ -134,7 +134,7 @@ def encode_record(rec: MessageRecord, properties_text: str | None = None) -> byt
     """
     born, store, host_flags = _hosts(rec.born_host, rec.store_host)
     name = rec.topic
-    magic, topic = _topic_part(name) if len(name) <= _CACHED_TOPIC_CHARS else _topic_part.__wrapped__(name)
+    magic, topic = _topic_part(name)
     props = (properties_text if properties_text is not None else encode_properties(rec.properties)).encode()
     check_properties_size(props)
     body = rec.body
@@ -160,13 +160,20 @@ def _hosts(born_host: str, store_host: str) -> tuple[bytes, bytes, int]:
 _CACHED_TOPIC_CHARS = 255
 
 
-@lru_cache(maxsize=4096)
 def _topic_part(topic: str) -> tuple[int, bytes]:
-    """A record's magic code and its topic field (length and name): v2 for a name longer than 127 bytes."""
+    """A record's magic code and its topic field (length and name): v2 for a name longer than 127 bytes. The one
+    builder of the field (encode_record, rewrite_record, rewritten_size)."""
+    return _cached_topic_part(topic) if len(topic) <= _CACHED_TOPIC_CHARS else _build_topic_part(topic)
+
+
+def _build_topic_part(topic: str) -> tuple[int, bytes]:
     name = topic.encode()
     if len(name) > 127:
         return MAGIC_V2, _U16.pack(len(name)) + name
     return MAGIC_V1, _TOPIC_LEN[len(name)] + name
+
+
+_cached_topic_part = lru_cache(maxsize=4096)(_build_topic_part)
 
 
 def store_timestamp_pos(buf, start: int = 0) -> int:
@@ -258,22 +265,20 @@ def rewrite_record(buf: bytes, topic: str, queue_id: int, properties_text: str,
     body = record_body(buf)
     p = _body_length_pos(buf)
     body_end = p + 4 + len(body)
-    topic_bytes = topic.encode()
+    magic, topic_field = _topic_part(topic)
     props = properties_text.encode()
     check_properties_size(props)
-    v2 = len(topic_bytes) > 127
     if without_body:
         out = bytearray(buf[:p])
         out += _I32.pack(0)
         _I32.pack_into(out, 8, body_crc(b""))
     else:
         out = bytearray(buf[:body_end])
-    out += _U16.pack(len(topic_bytes)) if v2 else bytes((len(topic_bytes),))
-    out += topic_bytes
+    out += topic_field
     out += _U16.pack(len(props))
     out += props
     _I32.pack_into(out, 0, len(out))
-    _HEAD_MAGIC.pack_into(out, 4, MAGIC_V2 if v2 else MAGIC_V1)
+    _HEAD_MAGIC.pack_into(out, 4, magic)
     _I32.pack_into(out, 12, queue_id)
     return out
 
@@ -292,7 +297,7 @@ def rewritten_size(buf, topic: str) -> int:
         raise MessageFormatError("truncated or malformed record") from None
     if end + 2 + props_len > len(buf):
         raise MessageFormatError("truncated or malformed record")
-    return len(buf) - (end - start) + _topic_field_size(topic.encode())
+    return len(buf) - (end - start) + len(_topic_part(topic)[1])
 
 
 def _topic_field(buf) -> tuple[int, int]:
@@ -309,10 +314,6 @@ def _topic_field(buf) -> tuple[int, int]:
     if _HEAD_MAGIC.unpack_from(buf, 4)[0] == MAGIC_V2:
         return p, p + 2 + _U16.unpack_from(buf, p)[0]
     return p, p + 1 + buf[p]
-
-
-def _topic_field_size(topic: bytes) -> int:
-    return len(topic) + (2 if len(topic) > 127 else 1)
 
 
 def batch_index(buf) -> list[tuple[int, int, int, str | None]]:
