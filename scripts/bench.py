@@ -45,6 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from halfmq.broker.cli import new_event_loop  # noqa: E402
 from halfmq.client import (LocalTransactionState, Message, MessageQueue, Producer, PullConsumer,  # noqa: E402
                            TransactionProducer)
+from halfmq.client.route import DEFAULT_QUEUE_NUMS  # noqa: E402
+from rawload import RawProducer  # noqa: E402
 
 READY = re.compile(rb"halfmq ready: broker (\S+) namesrv (\S+) metrics (\S+)")
 S = LocalTransactionState
@@ -161,14 +163,15 @@ class Progress:
             pass
 
 
-async def start_broker(*flags: str, dashboard: bool = True, python: str = sys.executable,
+async def start_broker(*flags: str, dashboard: bool = True, grpc: bool = True, python: str = sys.executable,
                        cwd: str | None = None) -> tuple[asyncio.subprocess.Process, re.Match]:
     """A broker subprocess on free loopback ports over a temporary store (removed by remove_temp_stores), with
     ``flags`` added (gRPC off unless a flag turns it on, the dashboard off; ``dashboard=False``: a broker from before
-    the dashboard, which knows no such key), run by ``python`` in ``cwd`` (another checkout's broker): (process, the
+    the dashboard, which knows no such key; ``grpc=False``: one from before the gRPC door), run by ``python`` in ``cwd`` (another checkout's broker): (process, the
     match of its ready line: broker, namesrv and metrics addresses)."""
     cmd = [python, "-m", "halfmq.broker.cli", "broker", "--bindAddress=127.0.0.1", "--listenPort=0",
-           "--namesrvListenPort=0", "--grpcListenPort=-1", *(["--dashboardPort=-1"] if dashboard else []),
+           "--namesrvListenPort=0", *(["--grpcListenPort=-1"] if grpc else []),
+           *(["--dashboardPort=-1"] if dashboard else []),
            f"--storePathRootDir={temp_store()}", *flags]
     proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
                                                 cwd=cwd)
@@ -194,7 +197,9 @@ async def spawn_broker(args) -> tuple[asyncio.subprocess.Process, str, str]:
         "--metricsPromExporterPort=0", f"--flushDiskType={'ASYNC_FLUSH' if args.async_flush else 'SYNC_FLUSH'}",
         "--logLevel=WARNING", f"--transactionTimeOut={args.check_timeout}",
         f"--transactionCheckInterval={args.check_interval}", python=python if os.path.exists(python) else
-        sys.executable, cwd=tree, dashboard=not tree or os.path.isdir(os.path.join(tree, "dashboard")))
+        sys.executable, cwd=tree or None, dashboard=not tree or os.path.isdir(os.path.join(tree, "dashboard")),
+        grpc=not tree or os.path.isdir(os.path.join(tree, "broker", "grpc")))
+    args.broker = ready.group(1).decode()
     return proc, ready.group(2).decode(), ready.group(3).decode()
 
 
@@ -223,7 +228,26 @@ async def timed_loop(inflight: int, duration: float, op, stats: Stats) -> None:
         await rep
 
 
+async def run_raw(args, namesrv: str, topic: str, transactional: bool, name: str) -> float:
+    """``--client raw``: the load of scripts/rawload.py (a lean generator) over one connection to the broker."""
+    if not args.broker:
+        raise SystemExit("--client raw needs --spawn-broker or --broker")
+    body = os.urandom(args.size)
+    async with Producer("BENCH_PG", namesrv) as producer:
+        await producer.send(Message(topic, body))  # creates the topic, with the client's DEFAULT_QUEUE_NUMS queues
+    raw = RawProducer(topic, body, DEFAULT_QUEUE_NUMS, transactional, "BENCH_TX_PG" if transactional else "BENCH_PG")
+    await raw.connect(args.broker)
+    try:
+        stats = Stats(name)
+        await timed_loop(args.inflight, args.duration, raw.send, stats)
+        return stats.summary(size=args.size, inflight=args.inflight, client="raw")
+    finally:
+        raw.close()
+
+
 async def run_producer(args, namesrv: str, topic: str | None = None) -> float:
+    if args.client == "raw":
+        return await run_raw(args, namesrv, topic or args.topic, False, "producer")
     body = os.urandom(args.size)
     async with Producer("BENCH_PG", namesrv) as producer:
         await producer.send(Message(topic or args.topic, body))  # creates the topic
@@ -335,6 +359,8 @@ async def settled_pending(metrics_addr: str | None) -> str:
 
 
 async def run_transaction(args, namesrv: str, metrics_addr: str | None, name: str = "transaction") -> float:
+    if args.client == "raw":
+        return await run_raw(args, namesrv, args.topic + "Tx", True, name)
     body = os.urandom(args.size)
     listener = BenchListener(args)
     counter = iter(range(1 << 62))
@@ -401,7 +427,8 @@ def load_run(tree: str, what: str, args) -> dict:
     its TPS, p50/p99 and CPU microseconds per message (or per transaction) of the client, the broker and its
     writer."""
     cmd = [sys.executable, os.path.abspath(__file__), what, "--spawn-broker", f"--broker-tree={os.path.abspath(tree)}",
-           f"--duration={args.duration}", f"--size={args.size}", f"--inflight={args.inflight}"]
+           f"--duration={args.duration}", f"--size={args.size}", f"--inflight={args.inflight}",
+           f"--client={args.client}"]
     if what == "transaction":
         cmd += ["--unknown=0", "--rollback=0"]
     first = last = None
@@ -495,6 +522,10 @@ def main() -> None:
     parser.add_argument("--what", choices=["both", "producer", "transaction"], default="both",
                         help="alternate mode: sends, transactions (all commits), or both")
     parser.add_argument("--namesrv", default="127.0.0.1:9876")
+    parser.add_argument("--client", choices=["halfmq", "raw"], default="halfmq",
+                        help="producer and transaction modes: the project's client, or the lean load generator of "
+                             "scripts/rawload.py (one connection; needs --spawn-broker or --broker)")
+    parser.add_argument("--broker", default="", help="--client raw without --spawn-broker: the broker's address")
     parser.add_argument("--spawn-broker", action="store_true")
     parser.add_argument("--broker-tree", default="",
                         help="--spawn-broker: the checkout whose broker is spawned (with its .venv when it has one)")
