@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import random
 import ssl
 import time
 
@@ -66,7 +67,9 @@ class Producer:
         self.instance = ClientInstance(namesrv, client_ip, send_timeout, credentials, tls)
         self.instance.producer_groups.add(group)
         self.uniq = UniqKeyGenerator(client_ip)
-        self._counter = itertools.count()
+        # From a random queue, as RocketMQ's producers start: producers that each send a few messages (scripts, Spark
+        # tasks) would otherwise all fill the first queue.
+        self._counter = itertools.count(random.randrange(1 << 16))
         #: broker name → until when sends avoid it: it refused a connection or timed out (RocketMQ's producers do
         #: the same, sendLatencyFaultEnable): a retry then goes to another broker, not the dead one's next queue
         self._isolated: dict[str, float] = {}

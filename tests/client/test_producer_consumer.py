@@ -47,6 +47,18 @@ async def test_round_robin_queues_and_batch(broker):
         assert len({m.msg_id for m in pulled.messages}) == 10
 
 
+async def test_fresh_producers_do_not_all_start_at_the_first_queue(broker):
+    # Producers that each send one message (scripts, Spark tasks) would all fill queue 0 if every producer's round
+    # robin started there; RocketMQ's producers start at a random queue.
+    async with Producer("PG", broker.namesrv_addr) as producer:
+        await producer.send(Message("Spread", b"create"))  # the topic, with 4 queues
+    first_queues = set()
+    for _ in range(20):
+        async with Producer("PG", broker.namesrv_addr) as producer:
+            first_queues.add((await producer.send(Message("Spread", b"one"))).queue.queue_id)
+    assert len(first_queues) > 1, first_queues  # all 20 on one queue: a chance of 4 in 4**20 with random starts
+
+
 async def test_tag_expression_filters_exactly(broker):
     async with Producer("PG", broker.namesrv_addr) as producer, PullConsumer("CG", broker.namesrv_addr) as consumer:
         q = MessageQueue("TagT", "broker-a", 0)
