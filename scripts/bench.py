@@ -175,11 +175,14 @@ async def start_broker(*flags: str, dashboard: bool = True, grpc: bool = True, p
            f"--storePathRootDir={temp_store()}", *flags]
     proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
                                                 cwd=cwd)
+    said: list[bytes] = []
     try:
         while True:
             line = await asyncio.wait_for(proc.stdout.readline(), 30)
             if not line:
-                raise SystemExit("the broker exited before it was ready")
+                raise SystemExit("the broker exited before it was ready; its last words:\n"
+                                 + b"".join(said[-20:]).decode(errors="replace"))
+            said.append(line)
             match = READY.search(line)
             if match:
                 return proc, match
