@@ -21,7 +21,14 @@ writer alone slower (benchmark of the link and writer, groups of 32 sends of 1 K
 narrower variants, tried against this one with scripts/bench.py alternate (6 rounds, paired): a helper thread
 syncing a meta page only while another group already waited (transactions, where the writer is the busiest
 process, 0.94-0.97x, writer CPU per transaction 47 -> 51 us), and holding a commit's answers for the next commit's
-data sync only while another group already waited (sends 0.99-1.03x, transactions 0.97x).
+data sync only while another group already waited (sends 0.99-1.03x, transactions 0.97x). Nor did applying a
+burst's first ops ahead, in a write transaction left open until the rest of its group arrived, so that the writer
+worked while the broker still decoded the burst (sends 0.98-1.00x, transactions 0.89-0.98x: on two cores shared by client,
+broker and writer the overlap only moved CPU about, and cost messages).
+
+What the syncs cost. The same writer with no sync at all (an unsafe experiment, never an option) gave 1.25x sends
+and 1.06x transactions (3 rounds, paired), its CPU per send 11.7 -> 7.1 us: the two fdatasyncs of a commit are a
+fifth of a send's path at 64 in flight, little of a transaction's, whose cost is the Python of its two ops.
 
 Writing ahead. A commit that appends to the data file grows it, and its fdatasync then also writes the inode (a
 second synchronous write) and the new blocks' allocation. ``Prewriter`` keeps the file written with zeros a few
