@@ -167,8 +167,9 @@ async def start_broker(*flags: str, dashboard: bool = True, grpc: bool = True, p
                        cwd: str | None = None) -> tuple[asyncio.subprocess.Process, re.Match]:
     """A broker subprocess on free loopback ports over a temporary store (removed by remove_temp_stores), with
     ``flags`` added (gRPC off unless a flag turns it on, the dashboard off; ``dashboard=False``: a broker from before
-    the dashboard, which knows no such key; ``grpc=False``: one from before the gRPC door), run by ``python`` in ``cwd`` (another checkout's broker): (process, the
-    match of its ready line: broker, namesrv and metrics addresses)."""
+    the dashboard, which knows no such key; ``grpc=False``: one from before the gRPC door), run by ``python`` in
+    ``cwd`` (another checkout's broker): (process, the match of its ready line: broker, namesrv and metrics
+    addresses)."""
     cmd = [python, "-m", "halfmq.broker.cli", "broker", "--bindAddress=127.0.0.1", "--listenPort=0",
            "--namesrvListenPort=0", *(["--grpcListenPort=-1"] if grpc else []),
            *(["--dashboardPort=-1"] if dashboard else []),

@@ -23,8 +23,8 @@ syncing a meta page only while another group already waited (transactions, where
 process, 0.94-0.97x, writer CPU per transaction 47 -> 51 us), and holding a commit's answers for the next commit's
 data sync only while another group already waited (sends 0.99-1.03x, transactions 0.97x). Nor did applying a
 burst's first ops ahead, in a write transaction left open until the rest of its group arrived, so that the writer
-worked while the broker still decoded the burst (sends 0.98-1.00x, transactions 0.89-0.98x: on two cores shared by client,
-broker and writer the overlap only moved CPU about, and cost messages).
+worked while the broker still decoded the burst (sends 0.98-1.00x, transactions 0.89-0.98x: on two cores shared
+by client, broker and writer the overlap only moved CPU about, and cost messages).
 
 What the syncs cost. The same writer with no sync at all (an unsafe experiment, never an option) gave 1.25x sends
 and 1.06x transactions (3 rounds, paired), its CPU per send 11.7 -> 7.1 us: the two fdatasyncs of a commit are a
