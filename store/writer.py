@@ -29,10 +29,11 @@ by client, broker and writer the overlap only moved CPU about, and cost messages
 What the syncs cost. The same writer with no sync at all (an unsafe experiment, never an option) gave 1.25x sends
 (3 rounds, paired; its CPU per send 11.7 -> 7.1 us) and 1.06x transactions with the project's client, 1.18x with
 bench.py's lean load generator: the two fdatasyncs of a commit are a fifth of a send's path at 64 in flight,
-and more of a transaction's the less the client takes. What a sync costs is mostly how many separate runs of pages it writes, not how many bytes: LMDB
-puts a commit's pages wherever its free list has room, and a commit of 16 transactions wrote about 13 runs (strace:
-8 pwrite64 and 5 writev per data sync). On this VM's disk 25 scattered 4 KiB pages and an fdatasync took 0.6 ms and
-500 us of CPU; one sequential 100 KiB write and an fdatasync took 0.14 ms and 33-67 us.
+and more of a transaction's the less the client takes. What a sync costs is mostly how many separate runs of pages
+it writes, not how many bytes: LMDB puts a commit's pages wherever its free list has room, and a commit of 16
+transactions wrote about 13 runs (strace: 8 pwrite64 and 5 writev per data sync). On this VM's disk 25 scattered
+4 KiB pages and an fdatasync took 0.6 ms and 500 us of CPU; one sequential 100 KiB write and an fdatasync took
+0.14 ms and 33-67 us.
 
 Writing ahead. A commit that appends to the data file grows it, and its fdatasync then also writes the inode (a
 second synchronous write) and the new blocks' allocation. ``Prewriter`` keeps the file written with zeros a few
