@@ -50,14 +50,15 @@ def test_signature_matches_rocketmq_rule():
 async def test_acl_permissions(acl_broker):
     app = Credentials("app", "app-secret")
     async with Producer("PG", acl_broker.namesrv_addr, credentials=app, retry_times=0) as producer:
-        assert (await producer.send(Message("Allowed", b"ok"))).queue_offset == 0
+        sent = await producer.send(Message("Allowed", b"ok"))
+        assert sent.queue_offset == 0
         with pytest.raises(NoPermissionError):
             await producer.send(Message("ReadOnly", b"no"))
         with pytest.raises(NoPermissionError):
             await producer.send(Message("Unlisted", b"no"))
     async with PullConsumer("CG", acl_broker.namesrv_addr, credentials=app) as consumer:
-        (queue, *_rest) = await consumer.fetch_subscribe_queues("Allowed")
-        assert [m.body for m in (await consumer.pull(queue, 0)).messages] == [b"ok"]
+        assert sent.queue in await consumer.fetch_subscribe_queues("Allowed")
+        assert [m.body for m in (await consumer.pull(sent.queue, 0)).messages] == [b"ok"]
     wrong = Credentials("app", "not-the-secret")
     async with Producer("PG", acl_broker.namesrv_addr, credentials=wrong, retry_times=0) as producer:
         with pytest.raises(NoPermissionError, match="signature"):
