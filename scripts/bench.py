@@ -232,7 +232,8 @@ async def timed_loop(inflight: int, duration: float, op, stats: Stats) -> None:
         await rep
 
 
-async def run_raw(args, namesrv: str, topic: str, transactional: bool, name: str) -> float:
+async def run_raw(args, namesrv: str, topic: str, transactional: bool, name: str,
+                  metrics_addr: str | None = None) -> float:
     """``--client raw``: the load of scripts/rawload.py (a lean generator) over one connection to the broker."""
     if not args.broker:
         raise SystemExit("--client raw needs --spawn-broker or --broker")
@@ -244,7 +245,9 @@ async def run_raw(args, namesrv: str, topic: str, transactional: bool, name: str
     try:
         stats = Stats(name)
         await timed_loop(args.inflight, args.duration, raw.send, stats)
-        return stats.summary(size=args.size, inflight=args.inflight, client="raw")
+        # Halves still pending once the load stops would be decisions the broker never applied.
+        extra = {"pending_halves": await settled_pending(metrics_addr)} if transactional else {}
+        return stats.summary(size=args.size, inflight=args.inflight, client="raw", **extra)
     finally:
         raw.close()
 
@@ -364,7 +367,7 @@ async def settled_pending(metrics_addr: str | None) -> str:
 
 async def run_transaction(args, namesrv: str, metrics_addr: str | None, name: str = "transaction") -> float:
     if args.client == "raw":
-        return await run_raw(args, namesrv, args.topic + "Tx", True, name)
+        return await run_raw(args, namesrv, args.topic + "Tx", True, name, metrics_addr)
     body = os.urandom(args.size)
     listener = BenchListener(args)
     counter = iter(range(1 << 62))

@@ -41,7 +41,6 @@ class RawProducer(asyncio.Protocol):
         self.buffer = bytearray()
         self.pending: list = []  # request bytes to write at the end of this loop iteration
         self.transport: asyncio.Transport | None = None
-        self.lost: asyncio.Future | None = None
         self.count = 0
         props = {"UNIQ_KEY": "0" * 20 + "X" * _KEY_DIGITS, "WAIT": "true"}
         if transactional:
@@ -60,16 +59,12 @@ class RawProducer(asyncio.Protocol):
 
     async def connect(self, address: str) -> None:
         host, port = address.rsplit(":", 1)
-        loop = asyncio.get_running_loop()
-        self.lost = loop.create_future()
-        await loop.create_connection(lambda: self, host, int(port))
+        await asyncio.get_running_loop().create_connection(lambda: self, host, int(port))
 
     def connection_made(self, transport) -> None:
         self.transport = transport
 
     def connection_lost(self, exc) -> None:
-        if not self.lost.done():
-            self.lost.set_result(exc)
         for future in self.waiting.values():
             if not future.done():
                 future.set_exception(ConnectionError(f"the broker closed the connection ({exc})"))
