@@ -444,7 +444,7 @@ def load_run(tree: str, what: str, args) -> dict:
         for line in proc.stdout:
             match = PROGRESS.match(line)
             if match:
-                sample = cpu_sample(proc.pid)
+                sample = {**cpu_sample(proc.pid), "wall": time.monotonic()}
                 if first is None:
                     first = sample  # the window starts at the first progress line: start-up is not counted
                 else:
@@ -454,8 +454,12 @@ def load_run(tree: str, what: str, args) -> dict:
                 summary = {k: float(v.replace(",", "")) for k, v in re.findall(r" (tps|p50_ms|p99_ms)=([\d.,]+)", line)}
     if proc.returncode or summary is None or last is None or not messages:
         raise SystemExit(f"the {what} run of {tree} failed (exit {proc.returncode}); run it alone to see why")
+    wall = last.pop("wall") - first.pop("wall")
     cpu = {k: (last[k] - first[k]) / messages * 1e6 for k in first}
-    return {**summary, **cpu, "server": cpu["broker"] + cpu["helpers"]}
+    # Cores each process kept busy: the broker's event loop is one thread, so a broker near 1.0 is the limit,
+    # whatever the disk does.
+    busy = {f"{k}_busy": (last[k] - first[k]) / wall for k in first}
+    return {**summary, **cpu, **busy, "server": cpu["broker"] + cpu["helpers"]}
 
 
 def alternate(args) -> None:
@@ -472,8 +476,9 @@ def alternate(args) -> None:
                 runs[(tree, kind)].append(run)
                 print(f"[round {round_no}] {tree} {kind}: tps={run['tps']:,.0f} p50_ms={run['p50_ms']:.2f} "
                       f"p99_ms={run['p99_ms']:.2f} cpu_us_per_msg client={run['client']:.1f} "
-                      f"broker={run['broker']:.1f} writer={run['helpers']:.1f} server={run['server']:.1f}",
-                      flush=True)
+                      f"broker={run['broker']:.1f} writer={run['helpers']:.1f} server={run['server']:.1f} "
+                      f"cores_busy client={run['client_busy']:.2f} broker={run['broker_busy']:.2f} "
+                      f"writer={run['helpers_busy']:.2f}", flush=True)
     median = {key: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for key, rs in runs.items()}
 
     def paired(numerator: list[dict], denominator: list[dict]) -> float:
@@ -493,7 +498,8 @@ def alternate(args) -> None:
                   f"p50_ms={m['p50_ms']:.2f} p99_ms={m['p99_ms']:.2f} "
                   f"median_server_cpu_us={m['server']:.1f} server_cpu_ratio={m['server'] / base['server']:.2f} "
                   f"median_broker_cpu_us={m['broker']:.1f} median_writer_cpu_us={m['helpers']:.1f} "
-                  f"median_client_cpu_us={m['client']:.1f}", flush=True)
+                  f"median_client_cpu_us={m['client']:.1f} broker_cores_busy={m['broker_busy']:.2f} "
+                  f"writer_cores_busy={m['helpers_busy']:.2f} client_cores_busy={m['client_busy']:.2f}", flush=True)
 
 
 async def main_async(args) -> None:
