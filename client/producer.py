@@ -182,11 +182,18 @@ class Producer:
         """Send without waiting for the broker (no result, no retry)."""
         self._check_size(len(msg.body))
         route = await self.instance.routes.get(msg.topic, self.auto_create)
-        target = queue or route.write_queues[next(self._counter) % len(route.write_queues)]
+        if not route.write_queues:
+            raise ClientError(f"topic {msg.topic} has no writable queue")
+        # Picked as a send's queue is: skipping brokers that failed lately, and failing here makes the next avoid it.
+        target = queue or self._pick(route.write_queues)
         addr = route.addr_of(target.broker_name)
-        if addr not in self.instance.brokers:
-            await self.instance.heartbeat(addr)
-        conn = await self.instance.pool.get(addr)
+        try:
+            if addr not in self.instance.brokers:
+                await self.instance.heartbeat(addr)
+            conn = await self.instance.pool.get(addr)
+        except ClientError:
+            self._isolated[target.broker_name] = time.monotonic() + BROKER_ISOLATION_S
+            raise
         conn.oneway(RequestCode.SEND_MESSAGE_V2, self._header(msg, target, msg.wire_properties(self.uniq.next())),
                     msg.body)
 

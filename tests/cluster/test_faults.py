@@ -7,7 +7,7 @@ import collections
 
 import pytest
 
-from halfmq.client import Message, Producer, PullConsumer
+from halfmq.client import ClientError, Message, Producer, PullConsumer
 
 from tests.support.cluster import LocalCluster, until
 
@@ -108,6 +108,23 @@ async def test_after_one_failed_send_a_producer_avoids_the_dead_broker(cluster, 
         landed = collections.Counter()
         for i in range(24):  # the cached route still lists broker-1: twice round all its queues
             landed[(await producer.send(Message("AvoidDead", b"after %d" % i))).queue.broker_name] += 1
+        # Oneway sends avoid it too (before: they went round every queue, and each third one failed to connect).
+        for i in range(24):
+            await producer.send_oneway(Message("AvoidDead", b"oneway %d" % i))
     failed_attempts = [r for r in caplog.records if "send attempt" in r.getMessage()]
     assert "broker-1" not in landed
     assert len(failed_attempts) == 1, [r.getMessage() for r in failed_attempts]
+
+
+async def test_a_oneway_send_that_cannot_reach_its_broker_makes_the_next_ones_avoid_it(cluster):
+    async with Producer("PG_AVOID_ONEWAY", cluster.namesrv_addr) as producer:
+        for i in range(12):  # the route is cached with every broker in it
+            await producer.send(Message("AvoidDeadOneway", b"%d" % i))
+        await cluster.brokers[1].kill_group()
+        failures = 0
+        for i in range(24):  # twice round all the queues of the cached route
+            try:
+                await producer.send_oneway(Message("AvoidDeadOneway", b"oneway %d" % i))
+            except ClientError:
+                failures += 1
+    assert failures == 1
