@@ -7,6 +7,10 @@ ratio of the medians is the figure to compare. The broker runs in its own proces
 `local[2]` on the same machine.
 
     python scripts/bench_spark.py --messages 300000 --size 1024
+
+``--alternate OLD NEW`` runs this benchmark (one timed pass each) of checkout OLD, then NEW, ``--pairs`` times,
+each with its own .venv and broker, and prints each checkout's median rows/s and NEW's rows/s over OLD's, pair by
+pair and their median (the machine's speed drifts over minutes; a pair's runs are a minute apart).
 """
 from __future__ import annotations
 
@@ -119,6 +123,41 @@ def run_sink(args, namesrv: str, scratch: str) -> None:
     spark.stop()
 
 
+PASS_LINE = re.compile(r"pass 1: (?:sink|source) ([\d,]+) rows/s, parquet(?: write)? ([\d,]+) rows/s")
+
+
+def alternate(args) -> None:
+    """One timed pass of each checkout's own benchmark in turn (its .venv, its broker), ``--pairs`` times."""
+    old, new = (os.path.abspath(tree) for tree in args.alternate)
+    rates: dict[str, list[tuple[float, float]]] = {old: [], new: []}
+    for pair in range(1, args.pairs + 1):
+        for tree in (old, new):
+            python = os.path.join(tree, ".venv", "bin", "python")
+            cmd = [python if os.path.exists(python) else sys.executable,
+                   os.path.join(tree, "scripts", "bench_spark.py"), f"--messages={args.messages}", f"--size={args.size}", f"--queues={args.queues}", "--passes=1"]
+            if args.sink:
+                cmd.append("--sink")
+            if args.min_partitions:
+                cmd.append(f"--min-partitions={args.min_partitions}")
+            out = subprocess.run(cmd, cwd=tree, capture_output=True, text=True)
+            match = PASS_LINE.search(out.stdout)
+            if out.returncode or match is None:
+                raise SystemExit(f"the run of {tree} failed (exit {out.returncode}):\n{out.stdout[-2000:]}"
+                                 f"{out.stderr[-2000:]}")
+            rows, parquet = (float(g.replace(",", "")) for g in match.groups())
+            rates[tree].append((rows, parquet))
+            print(f"[pair {pair}] {tree}: {rows:,.0f} rows/s, parquet {parquet:,.0f} rows/s", flush=True)
+        print(f"[pair {pair}] ratio {rates[new][-1][0] / rates[old][-1][0]:.2f}", flush=True)
+    paired = statistics.median(n[0] / o[0] for n, o in zip(rates[new], rates[old]))
+    for tree in (old, new):
+        median = statistics.median(r for r, _p in rates[tree])
+        print(f"SUMMARY mode=alternate kind={'sink' if args.sink else 'source'} tree={tree} pairs={args.pairs} "
+              f"median_rows_per_s={median:,.0f} "
+              f"median_parquet_rows_per_s={statistics.median(p for _r, p in rates[tree]):,.0f} "
+              f"ratio={median / statistics.median(r for r, _p in rates[old]):.2f} "
+              f"paired_ratio={paired if tree == new else 1.0:.2f}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=300_000)
@@ -128,7 +167,12 @@ def main() -> None:
     parser.add_argument("--min-partitions", type=int, default=0, help="the source's minPartitions (0: unset)")
     parser.add_argument("--sink", action="store_true",
                         help="measure the sink instead: --messages rows written to halfmq and to parquet")
+    parser.add_argument("--alternate", nargs=2, metavar=("OLD", "NEW"),
+                        help="compare two checkouts: one timed pass of each in turn, --pairs times")
+    parser.add_argument("--pairs", type=int, default=4, help="--alternate: how many pairs of runs")
     args = parser.parse_args()
+    if args.alternate:
+        return alternate(args)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     with tempfile.TemporaryDirectory(prefix="halfmq-bench-spark-") as store, \
