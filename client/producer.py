@@ -127,9 +127,7 @@ class Producer:
         for attempt in range(1 + self.retry_times):
             # The cached route, registration and connection are looked up without awaiting: this runs per send.
             route = instance.routes.cached(msg.topic) or await instance.routes.get(msg.topic, self.auto_create)
-            if not route.write_queues:
-                raise ClientError(f"topic {msg.topic} has no writable queue")
-            target = queue or self._pick(route.write_queues)
+            target = self._target(msg.topic, route.write_queues, queue)
             addr = route.addr_of(target.broker_name)
             try:
                 if addr not in instance.brokers:
@@ -139,7 +137,7 @@ class Producer:
                                           msg.body if body is None else body, self.send_timeout)
             except ClientError as exc:
                 last = exc
-                self._isolated[target.broker_name] = time.monotonic() + BROKER_ISOLATION_S
+                self._isolate(target.broker_name)
                 log.debug("send attempt %d to %s failed: %s", attempt + 1, addr, exc)
                 continue
             status = _STATUS.get(resp.code)
@@ -157,6 +155,16 @@ class Producer:
                 self.instance.routes.invalidate(msg.topic)
         raise last or ClientError("send failed")
 
+    def _target(self, topic: str, queues: list[MessageQueue], queue: MessageQueue | None) -> MessageQueue:
+        """The queue a send goes to: ``queue`` when given, else the next one ``_pick`` gives.
+
+        Raises:
+            ClientError: the topic's route has no writable queue.
+        """
+        if not queues:
+            raise ClientError(f"topic {topic} has no writable queue")
+        return queue or self._pick(queues)
+
     def _pick(self, queues: list[MessageQueue]) -> MessageQueue:
         """The next queue, round robin, skipping brokers that failed a send lately (while any other is left)."""
         start = next(self._counter)
@@ -172,6 +180,10 @@ class Producer:
                     return candidate
         return queues[start % len(queues)]
 
+    def _isolate(self, broker_name: str) -> None:
+        """Sends avoid ``broker_name`` for BROKER_ISOLATION_S: it failed one."""
+        self._isolated[broker_name] = time.monotonic() + BROKER_ISOLATION_S
+
     def _check_size(self, size: int) -> None:
         if size > self.max_message_size:
             raise MessageTooLargeError(
@@ -182,17 +194,14 @@ class Producer:
         """Send without waiting for the broker (no result, no retry)."""
         self._check_size(len(msg.body))
         route = await self.instance.routes.get(msg.topic, self.auto_create)
-        if not route.write_queues:
-            raise ClientError(f"topic {msg.topic} has no writable queue")
-        # Picked as a send's queue is: skipping brokers that failed lately, and failing here makes the next avoid it.
-        target = queue or self._pick(route.write_queues)
+        target = self._target(msg.topic, route.write_queues, queue)
         addr = route.addr_of(target.broker_name)
         try:
             if addr not in self.instance.brokers:
                 await self.instance.heartbeat(addr)
             conn = await self.instance.pool.get(addr)
         except ClientError:
-            self._isolated[target.broker_name] = time.monotonic() + BROKER_ISOLATION_S
+            self._isolate(target.broker_name)  # as a failed send does: the next sends avoid it
             raise
         conn.oneway(RequestCode.SEND_MESSAGE_V2, self._header(msg, target, msg.wire_properties(self.uniq.next())),
                     msg.body)

@@ -129,6 +129,8 @@ PASS_LINE = re.compile(r"pass 1: (?:sink|source) ([\d,]+) rows/s, parquet(?: wri
 def alternate(args) -> None:
     """One timed pass of each checkout's own benchmark in turn (its .venv, its broker), ``--pairs`` times."""
     old, new = (os.path.abspath(tree) for tree in args.alternate)
+    if old == new:
+        raise SystemExit("--alternate needs two different checkouts")
     rates: dict[str, list[tuple[float, float]]] = {old: [], new: []}
     for pair in range(1, args.pairs + 1):
         for tree in (old, new):

@@ -215,3 +215,14 @@ async def test_oversized_messages_get_a_clear_error(broker_factory):
             await producer.send(Message("Big", b"x" * (100 << 10)))
         with pytest.raises(ConnectionClosedError, match=r"2,09\d,\d{3}-byte request.*serverMaxFrameSize"):
             await producer.send(Message("Big", b"x" * (2 << 20)))
+
+
+async def test_sends_to_a_topic_without_writable_queues_fail_clearly_oneway_too(broker):
+    from halfmq.client import ClientError
+    from halfmq.client.admin import Admin
+    async with Admin(broker.namesrv_addr) as admin:
+        await admin.update_topic("ReadOnlyT", perm=4)  # readable, not writable
+    async with Producer("PG", broker.namesrv_addr) as producer:
+        for send in (producer.send, producer.send_oneway):
+            with pytest.raises(ClientError, match="topic ReadOnlyT has no writable queue"):
+                await send(Message("ReadOnlyT", b"x"))
