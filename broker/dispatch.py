@@ -11,7 +11,7 @@ import logging
 import time
 from typing import Callable
 
-from halfmq.protocol.codes import RequestCode, ResponseCode
+from halfmq.protocol.codes import FLAG_ONEWAY, FLAG_RESPONSE, RequestCode, ResponseCode
 from halfmq.protocol.command import RemotingCommand
 from halfmq.protocol.errors import FrameError
 from .channel import Channel
@@ -67,7 +67,7 @@ class Dispatcher:
         request refused for its size is then never held whole (a 15 MiB batch was read and buffered again and
         again only to be refused, slowing every other client)."""
         check = self.body_checks.get(cmd.code)
-        if check is None or cmd.is_response:
+        if check is None or cmd.flag & FLAG_RESPONSE:
             return False
         try:
             if self.authorize is not None:
@@ -121,10 +121,29 @@ class Dispatcher:
             self._reply(channel, cmd, result, started)
 
     def _complete_all(self, fut: asyncio.Future) -> None:
+        """Answer every request ``fut`` completes (the hot path: each send's answer, inlined rather than a call per
+        request)."""
         self.tasks.discard(fut)
         answered = self._answered
+        cancelled = fut.cancelled()
+        value = error = None
+        if not cancelled:
+            try:
+                value = fut.result()
+            except Exception as exc:
+                error = exc
         for proto, channel, cmd, finish, started in self._waiting.pop(fut):
-            self._complete(proto, channel, cmd, finish, fut, started)
+            proto.request_finished(len(cmd.body))
+            if cancelled:
+                response = cmd.response(ResponseCode.SYSTEM_BUSY, "[OVERLOAD] broker is shutting down")
+            elif error is not None:
+                response = self._error_response(cmd, error)
+            else:
+                try:
+                    response = finish(value)
+                except Exception as exc:
+                    response = self._error_response(cmd, exc)
+            self._reply(channel, cmd, response, started)
             answered.add(channel)
 
     def flush_answers(self) -> None:
@@ -133,18 +152,6 @@ class Dispatcher:
         answered, self._answered = self._answered, set()
         for channel in answered:
             channel.flush()
-
-    def _complete(self, proto, channel: Channel, cmd: RemotingCommand, finish, fut: asyncio.Future,
-                  started: float) -> None:
-        proto.request_finished(len(cmd.body))
-        if fut.cancelled():
-            response = cmd.response(ResponseCode.SYSTEM_BUSY, "[OVERLOAD] broker is shutting down")
-        else:
-            try:
-                response = finish(fut.result())
-            except Exception as exc:
-                response = self._error_response(cmd, exc)
-        self._reply(channel, cmd, response, started)
 
     async def _run(self, proto, channel: Channel, cmd: RemotingCommand, coro, started: float) -> None:
         try:
@@ -164,7 +171,7 @@ class Dispatcher:
 
     def _reply(self, channel: Channel, request: RemotingCommand, response: RemotingCommand,
                started: float | None = None) -> None:
-        if not request.is_oneway:
+        if not request.flag & FLAG_ONEWAY:
             try:
                 channel.send(response)
             except FrameError as exc:  # e.g. a header over the 24-bit limit: a clear error, not a malformed frame

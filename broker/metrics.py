@@ -131,10 +131,12 @@ class BrokerMetrics:
     # --- hooks called by processors and services (hot: labelled children are cached) ---
     def message_in(self, topic: str, nbytes: int, count: int = 1) -> None:
         self.messages_in_total += count
-        topic = self.topic_label(topic)
         totals = self.messages_in.get(topic)
-        if totals is None:
-            totals = self.messages_in[topic] = [0, 0]
+        if totals is None:  # a topic not counted yet, or one over the label cap: its series is the capped name's
+            label = self.topic_label(topic)
+            totals = self.messages_in.get(label)
+            if totals is None:
+                totals = self.messages_in[label] = [0, 0]
         totals[0] += count
         totals[1] += nbytes
 
@@ -151,7 +153,14 @@ class BrokerMetrics:
         children[1].inc(nbytes)
 
     def request_done(self, code: int, response_code: int, seconds: float) -> None:
-        _observe(self.rpc_latency, (code, response_code), _MS_BUCKETS, seconds * 1000)
+        # _observe written out: every request of either door comes here
+        key = (code, response_code)
+        counts = self.rpc_latency.get(key)
+        if counts is None:
+            counts = self.rpc_latency[key] = [0] * (len(_MS_BUCKETS) + 1) + [0.0]
+        ms = seconds * 1000
+        counts[bisect_left(_MS_BUCKETS, ms)] += 1
+        counts[-1] += ms
 
     def grpc_receive_refused(self) -> None:
         self.grpc_receives_refused.inc()

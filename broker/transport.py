@@ -45,7 +45,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from halfmq.protocol.codes import ResponseCode
+from halfmq.protocol.codes import FLAG_RESPONSE, ResponseCode
 from halfmq.protocol.command import decode_command
 from halfmq.protocol.errors import FrameError, HeaderError
 from halfmq.protocol.frame import FrameDecoder
@@ -406,7 +406,7 @@ class BrokerProtocol(asyncio.Protocol):
             self._backlog_bytes = 0
             self.transport.abort()
             return False
-        if not cmd.is_response:  # clients never answer the broker's oneway requests; ignore stray responses
+        if not cmd.flag & FLAG_RESPONSE:  # clients never answer the broker's oneway requests; ignore stray responses
             self.dispatcher.dispatch(self, cmd)
         return True
 

@@ -8,12 +8,13 @@ import orjson
 
 from .codes import BROKER_VERSION, FLAG_ONEWAY, FLAG_RESPONSE, LanguageCode, SerializeType
 from .errors import HeaderError
-from .frame import Frame, encode_frame, frame_head
+from .frame import Frame, frame_head
 
 _LANG_BY_NAME = {lang.name: int(lang) for lang in LanguageCode}
 _BIN_FIXED = struct.Struct(">hBhii")
 _I32 = struct.Struct(">i")
 _I16 = struct.Struct(">h")
+_ROCKETMQ = int(SerializeType.ROCKETMQ)  # a plain int: an enum member's lookup costs a tenth of a microsecond
 _json_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 _LANG_JSON = {int(lang): f'"{lang.name}"'.encode() for lang in LanguageCode}
 
@@ -84,17 +85,13 @@ class RemotingCommand:
                                serialize_type=self.serialize_type)
 
     def encode(self) -> bytes:
-        return encode_frame(self.serialize_type, self._encode_header(), self.body)
+        return self.encode_head() + self.body
 
     def encode_head(self) -> bytes:
         """The frame up to its body; with ``body`` after it, the same bytes as ``encode()`` without copying a
         large body (pull responses) into a new buffer."""
-        return frame_head(self.serialize_type, self._encode_header(), len(self.body))
-
-    def _encode_header(self) -> bytes:
-        if self.serialize_type == SerializeType.ROCKETMQ:
-            return encode_binary_header(self)
-        return encode_json_header(self)
+        header = encode_binary_header(self) if self.serialize_type == _ROCKETMQ else encode_json_header(self)
+        return frame_head(self.serialize_type, header, len(self.body))
 
     def __repr__(self) -> str:
         kind = "response" if self.is_response else "request"
@@ -115,7 +112,10 @@ def encode_json_header(cmd: RemotingCommand) -> bytes:
     if cmd.remark is not None:
         head += b',"remark":' + _json_bytes(cmd.remark)
     if cmd.ext_fields:
-        head += b',"extFields":' + _json_bytes(cmd.ext_fields)
+        try:  # _json_bytes written out: every answer comes here
+            head += b',"extFields":' + orjson.dumps(cmd.ext_fields)
+        except TypeError:
+            head += b',"extFields":' + _json_bytes(cmd.ext_fields)
     return head + b"}"
 
 
