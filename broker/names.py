@@ -204,6 +204,11 @@ def _check_bytes(value: str, field: str, max_bytes: int, forbidden: re.Pattern, 
         raise BrokerError(code, f"{field} is {size} bytes, longer than the {max_bytes}-byte limit: {_show(value)}")
 
 
+def _where(topic) -> str:
+    """A message's topic as a remark names it (made only for a remark: every send is checked here)."""
+    return topic if isinstance(topic, str) and topic.isprintable() else _show(str(topic))
+
+
 def check_message(topic: str, properties: dict[str, str], producer_group: str | None = None) -> None:
     """The properties of a message to store that become keys: each KEYS entry and UNIQ_KEY (the key index), and
     for a transactional message the group its half is filed under (PGROUP, else ``producer_group``), which must be
@@ -218,23 +223,22 @@ def check_message(topic: str, properties: dict[str, str], producer_group: str | 
     Raises:
         BrokerError: MESSAGE_ILLEGAL with a remark naming the property and the broken limit.
     """
-    where = topic if isinstance(topic, str) and topic.isprintable() else _show(str(topic))
     keys = properties.get(P.KEYS)
     if keys:
         for entry in keys.split():  # split as the store's key index splits them
             # printable ASCII within the limit needs no closer look (the common case, once per send)
             if len(entry) > MAX_MESSAGE_KEY_BYTES or not entry.isascii() or not entry.isprintable():
-                check_message_key(entry, f"a KEYS entry of a message to {where}")
+                check_message_key(entry, f"a KEYS entry of a message to {_where(topic)}")
     uniq = properties.get(P.UNIQ_KEY)
     if uniq is not None and not (len(uniq) <= MAX_MESSAGE_KEY_BYTES and uniq.isascii() and uniq.isprintable()
                                  and " " not in uniq):
-        check_message_key(uniq, f"the UNIQ_KEY of a message to {where}")
+        check_message_key(uniq, f"the UNIQ_KEY of a message to {_where(topic)}")
     if properties.get(P.TRAN_MSG) == "true":
         named = properties.get(P.PGROUP)
         if named and producer_group is not None and named != producer_group:
             raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
-                              f"the producer group (PGROUP) {_show(named)} of a transactional message to {where} is "
-                              f"not the request's producerGroup {_show(str(producer_group))}: a half is filed under "
-                              f"the group the request names")
+                              f"the producer group (PGROUP) {_show(named)} of a transactional message to "
+                              f"{_where(topic)} is not the request's producerGroup {_show(str(producer_group))}: a "
+                              f"half is filed under the group the request names")
         group = named or producer_group
         check_group(group, "the producer group (PGROUP) of a transactional message", ResponseCode.MESSAGE_ILLEGAL)

@@ -56,17 +56,11 @@ class TopicConfig:
     #: RocketMQ 5's message.type attribute: NORMAL, FIFO, DELAY, TRANSACTION or MIXED; None (undeclared): any type
     message_type: str | None = None
 
-    @property
-    def queue_nums(self) -> int:
-        return max(self.read_queue_nums, self.write_queue_nums)
-
-    @property
-    def readable(self) -> bool:
-        return bool(self.perm & Perm.READ)
-
-    @property
-    def writable(self) -> bool:
-        return bool(self.perm & Perm.WRITE)
+    def __post_init__(self) -> None:
+        # Read by every send and pull: plain attributes (not properties, a call each), not fields (not stored).
+        object.__setattr__(self, "queue_nums", max(self.read_queue_nums, self.write_queue_nums))
+        object.__setattr__(self, "readable", bool(self.perm & Perm.READ))
+        object.__setattr__(self, "writable", bool(self.perm & Perm.WRITE))
 
 
 MESSAGE_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION", "MIXED")

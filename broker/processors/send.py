@@ -96,7 +96,7 @@ class SendProcessor:
         ctx = self.ctx
         rec = MessageRecord(topic=topic, body=cmd.body, queue_id=queue_id, flag=header.flag,
                             sys_flag=header.sysFlag, born_timestamp=header.bornTimestamp,
-                            born_host=born_host(channel), store_host=ctx.store_host,
+                            born_host=channel.remote, store_host=ctx.store_host,
                             reconsume_times=header.reconsumeTimes or 0, properties=props)
         self.producer.stamp(rec)
         if props.get(P.TRAN_MSG) == "true":
@@ -187,7 +187,7 @@ class SendProcessor:
             producer.check_message(config, topic, props, header.producerGroup)
             item_props.append((props, text))
         queue_id = producer.writable_queue(await self._topic_config(header, topic), header.queueId)
-        host = born_host(channel)
+        host = channel.remote
         sys_flag = header.sysFlag & ~SysFlag.TRANSACTION_MASK
         requests = []
         # One record of the batch's shared fields, its message's own set in turn: encode_record keeps none of it.
@@ -260,8 +260,4 @@ def _check_consumable(rec: MessageRecord, offset: int) -> None:
 def _sender(channel, cmd: RemotingCommand) -> ClientInfo:
     """The producer a half came from, as its heartbeat would register it (its client id once it sent one)."""
     return ClientInfo(channel.client_id or channel.remote, channel, cmd.language, cmd.version)
-
-
-def born_host(channel) -> str:
-    return channel.remote
 

@@ -51,6 +51,8 @@ class TimerService:
         Raises:
             BrokerError: ILLEGAL_DELIVERY_TIME for a value that is not an integer, or a time beyond timerMaxDelaySec.
         """
+        if props.keys().isdisjoint(TIMER_KEYS):  # the usual message: one set operation, no clock read
+            return None
         now = now_ms()
         due = None
         for key in TIMER_KEYS:
