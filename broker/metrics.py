@@ -169,13 +169,16 @@ class BrokerMetrics:
         self.grpc_undeliverable_messages.labels(self.topic_label(topic)).inc()
 
     def half_prepared(self, topic: str) -> None:
-        topic = self.topic_label(topic)
+        if topic not in self.topic_label.known:  # a label cap call only for a topic not seen yet (hot: every half)
+            topic = self.topic_label(topic)
         self.half_open[topic] = self.half_open.get(topic, 0) + 1
 
     def half_decided(self, state, was_open: bool = True) -> None:
         """A half reached ``state``: a HalfState, or a txops.Decision (which names the same fields: topic, status,
         store_ts, decided_ts); ``was_open``: it was pending until now."""
-        topic = self.topic_label(state.topic)
+        topic = state.topic
+        if topic not in self.topic_label.known:  # as half_prepared
+            topic = self.topic_label(topic)
         if was_open:
             self.half_open[topic] = max(0, self.half_open.get(topic, 0) - 1)
         decided = self.decided.get(topic)

@@ -77,6 +77,10 @@ def _commit(wctx: WriteContext, raw: bytes, half_offset: int, state: HalfState) 
     return PutResult._make(first)
 
 
+#: The state a half is prepared in (the table's, read once: every half is filled in with it, in both processes).
+_PREPARED = transition(None, Event.PREPARE).to
+
+
 @dataclass(slots=True)
 class PrepareHalf(Op):
     """Store a half message (in the half topic) and its PREPARED state, first check due ``delay_ms`` later."""
@@ -114,7 +118,7 @@ class PrepareHalf(Op):
 
     @staticmethod
     def _fill(state: HalfState, stored: PutResult, due: int) -> HalfState:
-        state.status = transition(None, Event.PREPARE).to
+        state.status = _PREPARED
         state.queue_offset, state.store_ts, state.size = stored.queue_offset, stored.store_timestamp, stored.size
         state.due = due
         return state

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 
-from halfmq.protocol.codes import RequestCode, ResponseCode, TransactionResolution
+from halfmq.protocol.codes import FLAG_ONEWAY, FLAG_RESPONSE, RequestCode, ResponseCode, TransactionResolution
 from halfmq.protocol.command import RemotingCommand
 from halfmq.protocol.errors import HeaderError
 from halfmq.protocol.headers import EndTransactionRequestHeader, ResumeCheckHalfMessageRequestHeader
@@ -15,6 +15,14 @@ from ..errors import BrokerError
 from ..names import check_group
 
 log = logging.getLogger(__name__)
+#: commitOrRollback → the resolution (a dict lookup: the enum's constructor costs two Python calls per decision)
+_RESOLUTIONS = {int(resolution): resolution for resolution in TransactionResolution}
+#: What a oneway decision's completion answers: the dispatcher counts it (its code) and sends nothing.
+_UNHEARD = RemotingCommand(ResponseCode.SUCCESS, flag=FLAG_RESPONSE)
+
+
+def _unheard(_outcome) -> RemotingCommand:
+    return _UNHEARD
 
 
 class EndTransactionProcessor:
@@ -38,10 +46,9 @@ class EndTransactionProcessor:
             half = self.ctx.store.get_half(h.commitLogOffset)
             if half is not None:  # (an unknown half is refused by decide, as it always was)
                 self.ctx.acl.check_decision(cmd, half.topic)
-        try:
-            decision = TransactionResolution(h.commitOrRollback)
-        except ValueError:
-            raise HeaderError(f"commitOrRollback {h.commitOrRollback} is not 0, 8 or 12") from None
+        decision = _RESOLUTIONS.get(h.commitOrRollback)
+        if decision is None:
+            raise HeaderError(f"commitOrRollback {h.commitOrRollback} is not 0, 8 or 12")
         if decision is TransactionResolution.UNKNOWN:
             # The half stays pending. The reference never answers UNKNOWN; a two-way request is answered here all
             # the same, so a client that waits for the reply is not left hanging until its timeout.
@@ -50,6 +57,8 @@ class EndTransactionProcessor:
             return cmd.response(ResponseCode.SUCCESS, "the transaction stays pending")
         completion = self.ctx.transactions.decide(h.commitLogOffset, h.producerGroup, h.tranStateTableOffset,
                                                   decision, bool(h.fromTransactionCheck))
+        if cmd.flag & FLAG_ONEWAY:  # the usual decision: nobody hears the answer, none is built
+            return Deferred(completion, _unheard)
         return Deferred(completion, lambda _outcome: cmd.response(ResponseCode.SUCCESS))
 
     async def resume(self, channel, cmd: RemotingCommand) -> RemotingCommand:

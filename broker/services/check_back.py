@@ -236,7 +236,7 @@ class CheckBackService:
         """The half's sender, else its client's channel, else a live producer of the group (round robin): one that
         reads (within transactionCheckMaxUnreadBytes) and is not ``avoid`` (it left the last check unread)."""
         group = state.group
-        sender = self.states.sender_channels.get(offset)
+        sender = self.states.sender(offset)
         if self._candidate(sender, avoid):
             return sender
         if state.client_id:

@@ -36,8 +36,9 @@ class TransactionStates:
     def __init__(self, ctx):
         self.ctx = ctx
         self.store = ctx.store
-        #: Channel each pending half arrived on, so its check goes back there first (in memory only).
-        self.sender_channels: weakref.WeakValueDictionary[int, object] = weakref.WeakValueDictionary()
+        #: A weak reference to the channel each pending half arrived on, so its check goes back there first (in
+        #: memory only; ``sender``). Not a WeakValueDictionary: its Python-level setitem cost every half three calls.
+        self.sender_channels: dict[int, weakref.ref] = {}
         self.on_due = []  # callbacks(due_ms): a half became due at that time (the check scheduler)
         #: how long a half may wait with no producer answering before it is discarded (resumable): the retention
         #: age, as RocketMQ drops halves with their commit-log files at fileReservedTime
@@ -46,16 +47,24 @@ class TransactionStates:
     def _when_done(self, completion, on_value, on_error=None):
         """Run ``on_value(value)`` (or ``on_error(exc)``) once the op is durable; returns the completion."""
         def done(c) -> None:
-            exc = c.exception()
-            if exc is None:
-                on_value(c.result())
-            elif on_error is not None:
-                on_error(exc)
+            try:
+                value = c.result()  # not exception() then result(): two calls more per transition
+            except Exception as exc:
+                if on_error is not None:
+                    on_error(exc)
+                else:
+                    log.warning("a transaction state write failed: %s", exc)
             else:
-                log.warning("a transaction state write failed: %s", exc)
+                on_value(value)
 
         completion.add_done_callback(done)
         return completion
+
+    def sender(self, half_offset: int):
+        """The channel the pending half at ``half_offset`` arrived on, or None once that channel is gone (a reference
+        to a gone one stays until its half is decided or discarded: no more entries than pending halves)."""
+        ref = self.sender_channels.get(half_offset)
+        return None if ref is None else ref()
 
     def _due(self, due_ms: int | None) -> None:
         if due_ms is not None:
@@ -97,7 +106,7 @@ class TransactionStates:
 
         def prepared(value) -> None:
             result, state = value
-            self.sender_channels[result.physical_offset] = channel
+            self.sender_channels[result.physical_offset] = weakref.ref(channel)
             if self.ctx.metrics is not None:
                 self.ctx.metrics.half_prepared(state.topic)
             self._due(state.due)
