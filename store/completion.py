@@ -43,10 +43,10 @@ class Completion:
         return self._exception
 
     def add_done_callback(self, callback: Callable[["Completion"], None]) -> None:
-        if self.done():
-            callback(self)
-        else:
+        if self._result is _PENDING and self._exception is None:  # not done(): a call less per write
             self._callbacks.append(callback)
+        else:
+            callback(self)
 
     def set_result(self, value) -> None:
         self._result = value

@@ -29,6 +29,8 @@ from ..services.timers import TIMER_KEYS
 from ..topics import DLQ_PREFIX, RETRY_PREFIX, SYSTEM_TOPICS
 
 DEFAULT_MAX_RECONSUME_TIMES = 16
+# Plain ints, compared on every send (an enum member's lookup costs a tenth of a microsecond).
+_SEND_MESSAGE, _SEND_BATCH_MESSAGE = int(RequestCode.SEND_MESSAGE), int(RequestCode.SEND_BATCH_MESSAGE)
 _EXTRA = {"MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
 
 
@@ -49,12 +51,12 @@ class SendProcessor:
 
     # --- SEND_MESSAGE / V2 / BATCH ---
     def send(self, channel, cmd: RemotingCommand):
-        if cmd.code == RequestCode.SEND_MESSAGE:
+        if cmd.code == _SEND_MESSAGE:
             header = SendMessageRequestHeader.from_ext(cmd.ext_fields)
         else:
             header = SendMessageRequestHeaderV2.from_ext(cmd.ext_fields)
         self.producer.check_topic(header.topic)
-        if cmd.code == RequestCode.SEND_BATCH_MESSAGE:
+        if cmd.code == _SEND_BATCH_MESSAGE:
             return self._send_batch(channel, cmd, header)
         self.producer.check_body(len(cmd.body))
         return self._send_one(channel, cmd, header)
