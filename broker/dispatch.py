@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
+from time import perf_counter
 from typing import Callable
 
 from halfmq.protocol.codes import FLAG_ONEWAY, FLAG_RESPONSE, RequestCode, ResponseCode
@@ -74,7 +74,7 @@ class Dispatcher:
                 self.authorize(proto.channel, cmd)
             check(size)
         except Exception as exc:
-            self._reply(proto.channel, cmd, self._error_response(cmd, exc), time.perf_counter())
+            self._reply(proto.channel, cmd, self._error_response(cmd, exc), perf_counter())
             return True
         return False
 
@@ -90,7 +90,7 @@ class Dispatcher:
 
     def dispatch(self, proto, cmd: RemotingCommand) -> None:
         channel = proto.channel
-        started = time.perf_counter()
+        started = perf_counter()
         handler = self.handlers.get(cmd.code)
         if handler is None:
             self._reply(channel, cmd, cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
@@ -179,7 +179,7 @@ class Dispatcher:
                 response = request.response(ResponseCode.SYSTEM_ERROR, f"the answer does not fit in a frame: {exc}")
                 channel.send(response)
         if self.request_observer is not None and started is not None:
-            self.request_observer(request.code, response.code, time.perf_counter() - started)
+            self.request_observer(request.code, response.code, perf_counter() - started)
 
     async def drain(self, grace: float) -> None:
         """Wait up to ``grace`` seconds for in-progress requests, then cancel the rest."""
