@@ -104,14 +104,20 @@ class TransactionStates:
         state.tags_code = request.tags_code
         delay = first_check_delay_ms(props, self.ctx.config.transactionTimeOut, self.max_pending_ms)
 
-        def prepared(value) -> None:
-            result, state = value
+        def prepared(completion) -> None:  # _when_done's work written out: once per half
+            try:
+                result, state = completion.result()
+            except Exception as exc:
+                log.warning("a transaction state write failed: %s", exc)
+                return
             self.sender_channels[result.physical_offset] = weakref.ref(channel)
             if self.ctx.metrics is not None:
                 self.ctx.metrics.half_prepared(state.topic)
             self._due(state.due)
 
-        return self._when_done(self.store.submit(PrepareHalf(request, state, delay, batch_keys)), prepared)
+        completion = self.store.submit(PrepareHalf(request, state, delay, batch_keys))
+        completion.add_done_callback(prepared)
+        return completion
 
     def decide(self, half_offset: int, group: str, queue_offset: int, decision: TransactionResolution,
                from_check: bool):
@@ -122,7 +128,14 @@ class TransactionStates:
         """
         metrics = self.ctx.metrics
 
-        def decided(outcome) -> None:
+        def decided(completion) -> None:  # _when_done's work written out: once per decision
+            try:
+                outcome = completion.result()
+            except Exception as exc:
+                if isinstance(exc, HalfConflictError) and metrics is not None:
+                    metrics.decision_conflict(group)
+                log.info("END_TRANSACTION %s for half %d refused: %s", decision.name, half_offset, exc)
+                return
             if outcome.applied:
                 self.sender_channels.pop(half_offset, None)
                 if metrics is not None:
@@ -130,13 +143,10 @@ class TransactionStates:
             elif metrics is not None:
                 metrics.repeated_decision(from_check)
 
-        def refused(exc) -> None:
-            if isinstance(exc, HalfConflictError) and metrics is not None:
-                metrics.decision_conflict(group)
-            log.info("END_TRANSACTION %s for half %d refused: %s", decision.name, half_offset, exc)
-
-        op = DecideHalf(half_offset, group, queue_offset, decision is TransactionResolution.COMMIT, from_check)
-        return self._when_done(self.store.submit(op), decided, refused)
+        completion = self.store.submit(DecideHalf(half_offset, group, queue_offset,
+                                                  decision is TransactionResolution.COMMIT, from_check))
+        completion.add_done_callback(decided)
+        return completion
 
     def reschedule(self, attempts: dict[int, int], postponed: list[int], stale: list[tuple[int, int]],
                    interval_ms: int):
