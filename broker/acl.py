@@ -172,10 +172,6 @@ class Rule:
     header: type[Header] | None = None
     note: str = ""
 
-    def __post_init__(self) -> None:
-        # The extFields keys its needs read names from, looked at for every request (AccessValidator.check).
-        object.__setattr__(self, "header_keys", tuple(n.header_key for n in self.needs if n.header_key is not None))
-
 
 def _from_header(code: RequestCode, header: type[Header], note: str = "", record: int = 0,
                  tx_group: str | None = None, **perms: int) -> Rule:
@@ -333,15 +329,7 @@ class AccessValidator:
         rule = RULES.get(cmd.code)
         if rule is None:
             return
-        if rule.header is None:
-            self._refuse_internal_groups(rule, cmd)
-        else:  # every request's path: the full check only for a header name that may be an internal group's
-            get = cmd.ext_fields.get
-            for key in rule.header_keys:
-                name = get(key)
-                if name and GRPC_GROUP_PREFIX in name:
-                    self._refuse_internal_groups(rule, cmd)
-                    break
+        self._refuse_internal_groups(rule, cmd)
         if account is None or account.admin:
             return
         for kind, name, perm in self._resources(rule, cmd):

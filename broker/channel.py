@@ -69,7 +69,7 @@ class Channel:
 
         Writes made in one loop iteration (say, the answers to one group commit) leave together.
         """
-        if self.closed or self.transport.is_closing():  # not self.writable: a call less per answer
+        if not self.writable:
             return False
         head = cmd.encode_head()  # first: a header that cannot be framed raises before anything is queued
         pending = self._pending

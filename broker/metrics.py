@@ -153,14 +153,7 @@ class BrokerMetrics:
         children[1].inc(nbytes)
 
     def request_done(self, code: int, response_code: int, seconds: float) -> None:
-        # _observe written out: every request of either door comes here
-        key = (code, response_code)
-        counts = self.rpc_latency.get(key)
-        if counts is None:
-            counts = self.rpc_latency[key] = [0] * (len(_MS_BUCKETS) + 1) + [0.0]
-        ms = seconds * 1000
-        counts[bisect_left(_MS_BUCKETS, ms)] += 1
-        counts[-1] += ms
+        _observe(self.rpc_latency, (code, response_code), _MS_BUCKETS, seconds * 1000)
 
     def grpc_receive_refused(self) -> None:
         self.grpc_receives_refused.inc()
@@ -169,16 +162,13 @@ class BrokerMetrics:
         self.grpc_undeliverable_messages.labels(self.topic_label(topic)).inc()
 
     def half_prepared(self, topic: str) -> None:
-        if topic not in self.topic_label.known:  # a label cap call only for a topic not seen yet (hot: every half)
-            topic = self.topic_label(topic)
+        topic = self.topic_label(topic)
         self.half_open[topic] = self.half_open.get(topic, 0) + 1
 
     def half_decided(self, state, was_open: bool = True) -> None:
         """A half reached ``state``: a HalfState, or a txops.Decision (which names the same fields: topic, status,
         store_ts, decided_ts); ``was_open``: it was pending until now."""
-        topic = state.topic
-        if topic not in self.topic_label.known:  # as half_prepared
-            topic = self.topic_label(topic)
+        topic = self.topic_label(state.topic)
         if was_open:
             self.half_open[topic] = max(0, self.half_open.get(topic, 0) - 1)
         decided = self.decided.get(topic)

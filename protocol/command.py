@@ -115,10 +115,7 @@ def encode_json_header(cmd: RemotingCommand) -> bytes:
     if cmd.remark is not None:
         head += b',"remark":' + _json_bytes(cmd.remark)
     if cmd.ext_fields:
-        try:  # _json_bytes written out: every answer comes here
-            head += b',"extFields":' + orjson.dumps(cmd.ext_fields)
-        except TypeError:
-            head += b',"extFields":' + _json_bytes(cmd.ext_fields)
+        head += b',"extFields":' + _json_bytes(cmd.ext_fields)
     return head + b"}"
 
 

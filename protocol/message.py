@@ -20,7 +20,7 @@ from .errors import MessageFormatError
 from .properties import KEYS as P_KEYS
 from .properties import NAME_VALUE_SEPARATOR
 from .properties import TAGS as P_TAGS
-from .properties import MAX_PROPERTIES_BYTES, UNIQ_KEY, check_properties_size, decode_properties, encode_properties
+from .properties import UNIQ_KEY, check_properties_size, decode_properties, encode_properties
 
 MAGIC_V1 = 0xDAA320A7
 MAGIC_V2 = 0xDAA320AB
@@ -136,12 +136,11 @@ def encode_record(rec: MessageRecord, properties_text: str | None = None) -> byt
     name = rec.topic
     magic, topic = _topic_part(name)
     props = (properties_text if properties_text is not None else encode_properties(rec.properties)).encode()
-    if len(props) > MAX_PROPERTIES_BYTES:
-        check_properties_size(props)  # raises
+    check_properties_size(props)
     body = rec.body
     size = 48 + len(born) + 8 + len(store) + 12 + 4 + len(body) + len(topic) + 2 + len(props)
     return _EMPTY.join((
-        _HEAD.pack(size, magic, zlib.crc32(body) & 0x7FFFFFFF, rec.queue_id, rec.flag, rec.queue_offset, rec.physical_offset,
+        _HEAD.pack(size, magic, body_crc(body), rec.queue_id, rec.flag, rec.queue_offset, rec.physical_offset,
                    (rec.sys_flag & ~HOST_FLAGS) | host_flags, rec.born_timestamp),
         born, _I64.pack(rec.store_timestamp), store,
         _TAIL_BODY.pack(rec.reconsume_times, rec.prepared_transaction_offset, len(body)), body,

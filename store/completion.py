@@ -50,12 +50,7 @@ class Completion:
 
     def set_result(self, value) -> None:
         self._result = value
-        callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:  # _run_callbacks written out: every write's outcome comes here
-            try:
-                callback(self)
-            except Exception:
-                log.exception("a write-completion callback failed")
+        self._run_callbacks()
 
     def set_exception(self, exc: BaseException) -> None:
         self._exception = exc

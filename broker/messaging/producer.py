@@ -147,7 +147,7 @@ class ProducerService:
             BrokerError: ILLEGAL_DELIVERY_TIME for a malformed delivery time or one beyond timerMaxDelaySec.
         """
         props = rec.properties
-        level = delay_level(props) if P.DELAY in props else 0
+        level = delay_level(props)
         tx_type = rec.sys_flag & SysFlag.TRANSACTION_MASK
         plain = tx_type in (SysFlag.TRANSACTION_NOT_TYPE, SysFlag.TRANSACTION_COMMIT_TYPE)
         if level > 0 and plain:
