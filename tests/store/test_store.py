@@ -72,6 +72,25 @@ async def test_concurrent_puts_are_grouped_into_few_commits(open_store):
     assert store.max_offset("T", 0) == 500
 
 
+async def test_a_large_group_reaches_the_writer_without_waiting_for_the_loop(open_store):
+    """A group of 1 MiB (a batch half's) goes to the kernel whole when it is sent: what the transport keeps for
+    later waits for the loop's next turns, which a busy broker makes long (40-160 ms measured under the Spark
+    sink)."""
+    import socket
+    from halfmq.store.link import LINK_BUFFER_BYTES
+    probe, _other = socket.socketpair()
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, LINK_BUFFER_BYTES)
+    granted = probe.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+    probe.close(), _other.close()
+    if granted < 2 << 20:
+        pytest.skip(f"the kernel grants a socket {granted} bytes of buffer (net.core.wmem_max)")
+    store = await open_store()
+    pending = put(store, request(body=b"x" * (1 << 20)))
+    store._send_group()  # as the end of this loop turn would
+    assert store.link.transport.get_write_buffer_size() == 0
+    await pending
+
+
 async def test_a_held_group_waits_for_its_hold_and_not_for_other_holds(open_store):
     """A burst dispatched over several loop iterations holds the group (broker/transport.py): its writes go to the
     writer together when its hold ends, and then even while another burst still holds, so no write waits for more
