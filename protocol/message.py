@@ -13,6 +13,7 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import accumulate, repeat
 from typing import NamedTuple
 
 from .codes import SysFlag
@@ -362,6 +363,21 @@ def batch_index(buf) -> list[tuple[int, int, int, str | None]]:
             index.append((pos, size, tags_hash(props.get(P_TAGS)), props.get(P_KEYS) or None))
         pos = stop
     return index
+
+
+def batch_spans(buf, sizes, tags_codes) -> list[tuple[int, int, int, None]]:
+    """``batch_index`` of a batch half's body whose records' sizes and tags codes are known (recorded when it was
+    prepared, none of them with KEYS), without parsing the body: a start per record from the sizes alone.
+
+    Raises:
+        MessageFormatError: the sizes do not add up to the body.
+    """
+    body_len = len(record_body(buf))
+    base = _body_length_pos(buf) + 4
+    starts = list(accumulate(sizes, initial=base))
+    if starts[-1] != base + body_len:
+        raise MessageFormatError(f"the records' sizes add up to {starts[-1] - base} bytes, the body holds {body_len}")
+    return list(zip(starts, sizes, tags_codes, repeat(None)))
 
 
 def body_crc_matches(buf) -> bool:

@@ -7,6 +7,7 @@ machine (halfmq.transactions) allows.
 """
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -38,6 +39,9 @@ class HalfState:
     discarded_offset: int | None = None
     batch: int | None = None        #: a batch half: how many messages its body holds (records, committed together)
     committed_last: int | None = None  #: a committed batch half: its last message's commit-log offset
+    #: a pending batch half none of whose messages has KEYS: each record's size and tags code (pack_parts), so its
+    #: commit indexes the body without parsing it; dropped once it is decided
+    parts: bytes | None = None
 
     @property
     def pending(self) -> bool:
@@ -78,3 +82,18 @@ STATUSES = {status.value: status for status in HalfStatus}  #: each status by it
 def _half_state(status: str, stored: tuple) -> HalfState:
     """A HalfState from its pickled form (``HalfState.__reduce__``); status comes first, the stored fields follow."""
     return HalfState(STATUSES[status], *stored)
+
+
+def pack_parts(sizes: list[int], tags_codes: list[int]) -> bytes:
+    """HalfState.parts of a batch half's records: their sizes, then their tags codes, little-endian."""
+    return struct.pack(f"<{len(sizes)}I{len(tags_codes)}q", *sizes, *tags_codes)
+
+
+def unpack_parts(parts: bytes, count: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The sizes and tags codes ``pack_parts`` packed for ``count`` records.
+
+    Raises:
+        struct.error: ``parts`` is not the packing of ``count`` records.
+    """
+    fields = struct.unpack(f"<{count}I{count}q", parts)
+    return fields[:count], fields[count:]

@@ -14,6 +14,7 @@ from halfmq.protocol import properties as P
 from halfmq.protocol.codes import SysFlag, TransactionResolution
 from halfmq.protocol.message import MessageRecord, encode_record
 from halfmq.store import HalfConflictError, HalfState, HalfStatus, PutRequest, record_request
+from halfmq.store.halfs import pack_parts
 from halfmq.store.txops import DecideHalf, DiscardHalf, MakeDue, PrepareHalf, RescheduleChecks, ResumeHalf
 
 from ..topics import CHECK_MAX_TIME_TOPIC, HALF_TOPIC
@@ -96,6 +97,9 @@ class TransactionStates:
         state = HalfState(HalfStatus.PREPARED, props[P.PGROUP], rec.topic, rec.queue_id, uniq, queue_offset=0,
                           store_ts=0, due=0, client_id=getattr(channel, "client_id", None),
                           keys=props.get(P.KEYS) or None, batch=None if batch is None else len(batch))
+        if batch is not None and not batch_keys:
+            state.parts = pack_parts([len(request.record) for request in batch],
+                                     [request.tags_code for request in batch])
         rec.topic, rec.queue_id = HALF_TOPIC, 0
         rec.sys_flag &= ~SysFlag.TRANSACTION_MASK
         request = record_request(encode_record(rec), HALF_TOPIC, 0, props)

@@ -71,6 +71,22 @@ async def test_a_committed_batch_half_publishes_every_message_at_once(broker):
         assert found.body == b"row-299"
 
 
+async def test_a_batch_half_without_keys_commits_from_the_sizes_it_was_prepared_with(broker):
+    """A Spark sink's batch halves have no KEYS: their records' sizes and tags codes are kept with the pending half
+    (HalfState.parts), its commit places each message from them, and a decided half keeps none."""
+    rows = [Message("HBP", f"row-{i}".encode() * (i % 7 + 1), tags="T" if i % 2 else None) for i in range(200)]
+    async with TransactionProducer("PG_HBP", Checks(), broker.namesrv_addr) as producer:
+        queue = MessageQueue("HBP", broker.ctx.config.brokerName, 0)
+        result = await producer.send_half_batch(rows, queue)
+        _host, half_offset = decode_offset_msg_id(result.offset_msg_id)
+        pending = broker.ctx.store.get_half(half_offset)
+        assert pending.batch == 200 and len(pending.parts) == 200 * 12
+        await decide(producer, result, S.COMMIT_MESSAGE)
+    assert broker.ctx.store.get_half(half_offset).parts is None
+    messages = await pulled(broker, "HBP", 0)
+    assert [(m.body, m.tags, m.queue_offset) for m in messages] == [(r.body, r.tags, i) for i, r in enumerate(rows)]
+
+
 async def test_a_rolled_back_batch_half_publishes_nothing_and_cannot_commit(broker):
     async with TransactionProducer("PG_HB", Checks(), broker.namesrv_addr) as producer:
         result = await producer.send_half_batch(batch("HB2", 50), MessageQueue("HB2", broker.ctx.config.brokerName, 0))

@@ -15,7 +15,7 @@ from halfmq.store.txops import DecideHalf, Decision, PrepareHalf, decision_wire
 
 STATE = HalfState(HalfStatus.DISCARDED, "PG", "Topic", 3, "UNIQ", 5, 6, 7, checks=2, client_id="c1", size=9,
                   tags_code=-4, keys="a b", waiting=True, last_check_ts=1, decided_ts=2, decided_by="check",
-                  committed_offset=11, discarded_offset=44, batch=12, committed_last=55)
+                  committed_offset=11, discarded_offset=44, batch=12, committed_last=55, parts=b"\x01\x02")
 VALUES = [
     STATE,
     PrepareHalf(PutRequest("HALF", 1, bytearray(b"record"), 7, False, "k"), STATE, 5000, ("k1", "k2 k3")),
