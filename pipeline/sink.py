@@ -81,8 +81,6 @@ class _Writing:
         prefix = tag.row_key_prefix()
         index = 0
         for batch in batches:
-            if not batch.num_rows:
-                continue
             names = batch.schema.names
             column = {name: batch.column(place).to_pylist() for place, name in enumerate(names) if name in _COLUMNS}
             topics, bodies, tags, keys, user_props, brokers, queues = (column.get(name) for name in _COLUMNS)

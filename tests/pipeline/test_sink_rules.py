@@ -34,6 +34,15 @@ def test_the_topic_option_beats_the_topic_column(spark, live_broker):
     assert len(stored(live_broker, "ColumnT")) == 4
 
 
+def test_an_empty_write_publishes_nothing_and_asks_for_no_column(spark, live_broker):
+    """No rows, nothing to route: an empty write succeeds even without a topic (Spark may still hand the task an
+    empty record batch, whose schema lacks the column)."""
+    write(rows(spark, 0), live_broker)
+    write(rows(spark, 10).filter("body IS NULL"), live_broker)  # partitions that had rows, none left
+    write(rows(spark, 0), live_broker, topic="EmptyT")
+    assert stored(live_broker, "EmptyT") == []
+
+
 def test_a_queue_id_column_is_honoured(spark, live_broker):
     write(rows(spark, 20, queue_id=(F.col("id") % 2 + 1).cast("int")), live_broker, topic="QueueT")
     placed = stored(live_broker, "QueueT")
