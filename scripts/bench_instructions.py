@@ -8,7 +8,8 @@ callgrind: a real Broker over a temporary store, with its writer process (not co
 and one connection fed pre-built frames through an in-memory transport, 64 in flight, as ``bench.py --client raw``
 sends them: SEND_MESSAGE_V2 of 1 KiB with JSON headers; for a transaction a half, then, once it is stored, a oneway
 END_TRANSACTION commit (the loop also decodes each half's answer and builds the commit: a few thousand instructions
-per transaction counted with the broker's). The garbage collector is settled as the broker process settles it.
+per transaction counted with the broker's); for a half, the half alone, left pending (``--what all`` prints a
+decision's count as a transaction's less a half's). The garbage collector is settled as the broker process settles it.
 Each count is the difference of a short and a long run divided by the requests between them, so start-up and
 shutdown cancel out; two runs of one checkout agree within 0.2%. Prints instructions per request (per transaction)
 and the first checkout's count over each one's (above 1: fewer than the first). valgrind is installed by scripts/apt_install.sh when missing; a run takes
@@ -68,8 +69,9 @@ def _commit_frame(opaque: int, ext: dict) -> bytes:
 class _Client:
     """The far end of the in-memory transport: counts answers, and for a half builds its commit."""
 
-    def __init__(self, transactional: bool):
+    def __init__(self, transactional: bool, decide: bool):
         self.transactional = transactional
+        self.decide = decide  # commit each half once it is stored (kind "transaction"; "half" leaves them pending)
         self.buffer = bytearray()
         self.answers = 0
         self.wanted = 0
@@ -88,7 +90,7 @@ class _Client:
             header = orjson.loads(bytes(buffer[pos + 8:pos + 8 + (word & 0xFFFFFF)]))
             if header.get("code") != 0:
                 raise SystemExit(f"the broker refused a request: {header}")
-            if self.transactional:
+            if self.decide:
                 self.commits.append(_commit_frame(header["opaque"] + 10_000_000, header["extFields"]))
             pos += 4 + length
             self.answers += 1
@@ -124,7 +126,7 @@ async def _harness(kind: str, count: int) -> None:
     from halfmq.broker.config import BrokerConfig, build_config
     from halfmq.broker.server import Broker
 
-    transactional = kind == "transaction"
+    transactional = kind in ("transaction", "half")
     with tempfile.TemporaryDirectory() as folder:
         settings = {"bindAddress": "127.0.0.1", "listenPort": 0, "namesrvListenPort": 0, "storePathRootDir": folder,
                     "mapSize": MAP_SIZE, "maxMapSize": MAP_SIZE, "metricsPromExporterPort": 0, "grpcListenPort": -1,
@@ -136,7 +138,7 @@ async def _harness(kind: str, count: int) -> None:
         try:
             await broker.ctx.topics.ensure_for_send(TOPIC, "TBW102", 4)
             settle_garbage_collector()
-            client = _Client(transactional)
+            client = _Client(transactional, kind == "transaction")
             proto = broker._protocol_factory(broker.dispatcher, broker.connections)()
             proto.connection_made(_Transport(client))
             frames = [_send_frame(i + 1, transactional) for i in range(count)]
@@ -173,7 +175,9 @@ def _instructions(tree: Path, kind: str, count: int) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trees", nargs="+", default=[str(HERE.parents[1])], help="checkouts to measure")
-    parser.add_argument("--what", choices=["both", "send", "transaction"], default="both")
+    parser.add_argument("--what", choices=["both", "all", "send", "half", "transaction"], default="both",
+                        help="both: send and transaction; all: send, half and transaction, and a transaction's "
+                             "decision (transaction - half); half: halves left pending")
     parser.add_argument("--harness", nargs=2, metavar=("KIND", "COUNT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.harness:
@@ -186,17 +190,25 @@ def main() -> None:
         return
     if shutil.which("valgrind") is None:
         subprocess.run(["bash", str(HERE.parent / "apt_install.sh"), "valgrind"], check=True)
-    kinds = ["send", "transaction"] if args.what == "both" else [args.what]
+    kinds = {"both": ["send", "transaction"], "all": ["send", "half", "transaction"]}.get(args.what, [args.what])
+    counts: dict[tuple[str, Path], float] = {}
     for kind in kinds:
         first = None
         for tree in map(Path, args.trees):
             tree = tree.resolve()
             with ThreadPoolExecutor(2) as pool:  # one valgrind per core: a count does not depend on the timing
                 short, long = pool.map(lambda count: _instructions(tree, kind, count), (SHORT, LONG))
-            per_request = (long - short) / (LONG - SHORT)
+            per_request = counts[kind, tree] = (long - short) / (LONG - SHORT)
             first = first or per_request
-            print(f"SUMMARY kind={kind} tree={tree} instructions_per_{'transaction' if kind == 'transaction' else 'send'}"
-                  f"={per_request:,.0f} first_over_this={first / per_request:.3f}", flush=True)
+            print(f"SUMMARY kind={kind} tree={tree} instructions_per_{kind}={per_request:,.0f} "
+                  f"first_over_this={first / per_request:.3f}", flush=True)
+    if "half" in kinds and "transaction" in kinds:
+        first = None
+        for tree in map(lambda t: Path(t).resolve(), args.trees):
+            decision = counts["transaction", tree] - counts["half", tree]
+            first = first or decision
+            print(f"SUMMARY kind=decision tree={tree} instructions_per_decision={decision:,.0f} "
+                  f"first_over_this={first / decision:.3f}", flush=True)
 
 
 if __name__ == "__main__":
