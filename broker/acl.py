@@ -28,6 +28,14 @@ Two rules hold with or without ACL, for every request that names a resource:
   checks, so a remoting client must never register as one, end their transactions, or consume as one;
 - a record of a system topic is read by admins only, and with ACL off by loopback clients only: ``check_read``,
   the one rule both doors use (remoting through ``check_record``, gRPC through broker/grpc/auth.require).
+
+A signature proves who made a request, not when: a captured request verifies for ever. ``check_signed_time``
+refuses a signed time more than authorizationSkewSeconds from the broker's clock (15 min, as AWS SigV4), the one
+rule of both doors. The gRPC door checks x-mq-date-time, which the 5.x clients sign on every call. RocketMQ 4.x
+signs a request's extFields and body, and the only time among them is a send's ``bornTimestamp``
+(``SIGNED_TIME_FIELDS``), set by the client at each attempt: a captured send is refused once the window has
+passed; a pull, heartbeat, END_TRANSACTION or admin request carries no signed time, so 4.x signing cannot tell
+its replay from the original.
 """
 from __future__ import annotations
 
@@ -36,6 +44,7 @@ import hashlib
 import hmac
 import ipaddress
 import json
+import time
 from dataclasses import dataclass, field
 
 import yaml
@@ -62,7 +71,7 @@ from halfmq.protocol.headers import (
 )
 from halfmq.protocol.properties import decode_properties
 
-from .errors import BrokerError
+from .errors import BrokerError, Failure
 from .names import GRPC_GROUP_PREFIX, check_remoting_group
 from .topics import DLQ_PREFIX, RETRY_PREFIX, SEND_FORBIDDEN
 
@@ -306,11 +315,32 @@ def owner(kind: str, name: str, perm: int) -> tuple[str, str, int]:
     return kind, name, perm
 
 
+#: the signed extField of a request that says when its client made it (a send's bornTimestamp)
+SIGNED_TIME_FIELDS = {RequestCode.SEND_MESSAGE: SendMessageRequestHeader.wire_key("bornTimestamp"),
+                      RequestCode.SEND_MESSAGE_V2: SendMessageRequestHeaderV2.wire_key("bornTimestamp"),
+                      RequestCode.SEND_BATCH_MESSAGE: SendMessageRequestHeaderV2.wire_key("bornTimestamp")}
+DEFAULT_SKEW_SECONDS = 900
+
+
+def check_signed_time(signed_ms: int, skew_seconds: float, now_ms: int | None = None) -> None:
+    """A signed request's time must be within ``skew_seconds`` of the broker's clock, either way.
+
+    Raises:
+        BrokerError: SIGNATURE_EXPIRED.
+    """
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    if abs(now_ms - signed_ms) > skew_seconds * 1000:
+        raise BrokerError(Failure.SIGNATURE_EXPIRED,
+                          f"the request was signed {(now_ms - signed_ms) / 1000:.0f} s from the broker's clock, "
+                          f"more than authorizationSkewSeconds={skew_seconds:g}: a replay, or a clock to set right")
+
+
 class AccessValidator:
     """Checks each request; raises BrokerError(NO_PERMISSION) when it is not allowed."""
 
-    def __init__(self, accounts: dict[str, Account] | None):
+    def __init__(self, accounts: dict[str, Account] | None, skew_seconds: float = DEFAULT_SKEW_SECONDS):
         self.accounts = accounts  # None: ACL off
+        self.skew_seconds = skew_seconds  #: authorizationSkewSeconds
 
     @property
     def enabled(self) -> bool:
@@ -366,6 +396,10 @@ class AccessValidator:
         expected = signature(account.secret_key, ext, cmd.body)
         if not hmac.compare_digest(expected.encode(), ext.get("Signature", "").encode()):
             raise BrokerError(ResponseCode.NO_PERMISSION, "the signature does not match")
+        time_field = SIGNED_TIME_FIELDS.get(cmd.code)
+        signed = ext.get(time_field, "") if time_field is not None else ""
+        if signed.isdigit() and signed != "0":  # 0: the client said nothing of when (SEND_MESSAGE's default)
+            check_signed_time(int(signed), self.skew_seconds)
         return account
 
     @staticmethod

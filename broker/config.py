@@ -141,6 +141,11 @@ class BrokerConfig:
     aclEnable: bool = _doc("check AccessKey/Signature of every request against aclConfigFile (RocketMQ 4.x "
                            "plain ACL); when off, admin requests are served to loopback clients only", default=False)
     aclConfigFile: str = _doc("accounts and permissions, RocketMQ's plain_acl.yml format", default="conf/plain_acl.yml")
+    authorizationSkewSeconds: int = _doc(
+        "with aclEnable, a signed request whose signed time is further than this from the broker's clock is refused "
+        "(a replay, or a client clock to set right), s: a gRPC call's x-mq-date-time; of RocketMQ 4.x requests only "
+        "a send signs a time (bornTimestamp), so a replayed pull, heartbeat or END_TRANSACTION cannot be told apart",
+        default=900, meta={"min": 1})
     tlsEnable: bool = _doc("serve the broker port over TLS", default=False)
     tlsServerCertPath: str = _doc("PEM certificate chain for TLS", default="")
     tlsServerKeyPath: str = _doc("PEM private key for TLS", default="")

@@ -40,6 +40,7 @@ class Failure(enum.Enum):
     BUSY = (R.SYSTEM_BUSY, "TOO_MANY_REQUESTS")
     BAD_REQUEST = (R.SYSTEM_ERROR, "BAD_REQUEST")
     UNKNOWN_TRANSACTION = (R.SYSTEM_ERROR, "INVALID_TRANSACTION_ID")
+    SIGNATURE_EXPIRED = (R.NO_PERMISSION, "UNAUTHORIZED")
 
     def __init__(self, remoting: int, grpc: str):
         self.remoting = remoting

@@ -167,7 +167,8 @@ class Broker:
 
         # Both listeners bound their connections as configured (memory, requests in progress, partial frames).
         self.dispatcher.limits = self.namesrv_dispatcher.limits = ConnectionLimits.from_config(cfg)
-        validator = ctx.acl = AccessValidator(load_accounts(cfg.aclConfigFile) if cfg.aclEnable else None)
+        validator = ctx.acl = AccessValidator(load_accounts(cfg.aclConfigFile) if cfg.aclEnable else None,
+                                              cfg.authorizationSkewSeconds)
         self.dispatcher.authorize = validator.check
         tls = self._tls_context()
         if not cfg.brokerIP1 and ":" in cfg.bindAddress and cfg.bindAddress not in WILDCARDS:

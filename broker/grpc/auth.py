@@ -8,15 +8,21 @@ rules, ``check_read`` for every read of a topic, with ACL on or off).
 The client id obeys the remoting rule (names.check_client_id: 1-255 bytes, no control character) and is who the
 call's session is (sessions.py); it carries its owner (``ClientId.owner``): the account with ACL on, the client's
 address with ACL off. Every lookup of a session by it, in whichever module, is checked against the session's owner.
+
+A signature must cover x-mq-date-time, and that time must be within authorizationSkewSeconds of the broker's clock
+(acl.check_signed_time, the remoting door's rule too): a captured authorization header is refused UNAUTHORIZED
+once the window has passed.
 """
 from __future__ import annotations
 
+import calendar
 import hashlib
 import hmac
 import re
+import time
 
-from ..acl import PUB, SUB, AccessValidator, Account
-from ..errors import BrokerError
+from ..acl import PUB, SUB, AccessValidator, Account, check_signed_time
+from ..errors import BrokerError, Failure
 from ..names import check_client_id
 from .convert import peer_host
 from .schema import Code
@@ -24,6 +30,7 @@ from .status import GrpcError
 
 _AUTHORIZATION = re.compile(r"MQv2-HMAC-SHA1\s+Credential=([^,\s]+),\s*SignedHeaders=([^,\s]+),\s*Signature=(\w+)")
 TOPIC, GROUP = "topic", "group"
+DATE_TIME = "x-mq-date-time"  #: when the client signed the call, ``%Y%m%dT%H%M%SZ`` (UTC)
 
 
 class ClientId(str):
@@ -84,13 +91,31 @@ def authenticate(validator: AccessValidator, context) -> Caller:
         account = validator.accounts.get(access_key)
         if account is None:
             raise GrpcError(Code["UNAUTHORIZED"], f"no account for access key {access_key!r}")
-        signed_text = "".join(meta.get(name.strip(), "") for name in signed.split(";"))
+        names = [name.strip() for name in signed.split(";")]
+        signed_text = "".join(meta.get(name, "") for name in names)
         expected = hmac.new(account.secret_key.encode(), signed_text.encode(), hashlib.sha1).hexdigest()
         if not hmac.compare_digest(expected.lower(), signature.lower()):
             raise GrpcError(Code["UNAUTHORIZED"], "the signature does not match")
+        if DATE_TIME not in names:
+            raise BrokerError(Failure.SIGNATURE_EXPIRED, f"the signature must cover {DATE_TIME}: without it, it "
+                                                         f"holds for ever")
+        check_signed_time(signed_at(meta.get(DATE_TIME, "")), validator.skew_seconds)
     owner = f"account {account.access_key}" if account is not None else f"address {remote.rsplit(':', 1)[0]}"
     return Caller(ClientId(client_id, owner), account, meta.get("x-mq-namespace", ""), meta.get("x-mq-language", ""),
                   remote)
+
+
+def signed_at(text: str) -> int:
+    """x-mq-date-time in ms since the epoch.
+
+    Raises:
+        BrokerError: SIGNATURE_EXPIRED for a time that does not parse (it names no time the broker could accept).
+    """
+    try:
+        return calendar.timegm(time.strptime(text, "%Y%m%dT%H%M%SZ")) * 1000
+    except ValueError:
+        raise BrokerError(Failure.SIGNATURE_EXPIRED, f"{DATE_TIME} {text[:32]!r} is not a time "
+                                                     f"(%Y%m%dT%H%M%SZ)") from None
 
 
 def require(caller: Caller, *needs: tuple[str, str, int]) -> None:

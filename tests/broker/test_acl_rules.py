@@ -3,6 +3,7 @@ attacks that worked before it, and README's copy of the table."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -56,7 +57,7 @@ class Signed:
                    group: str = "PG", code: int = RequestCode.SEND_MESSAGE_V2):
         properties = {P.UNIQ_KEY: _uniq.next(), P.WAIT: "true", **(props or {})}
         header = SendMessageRequestHeaderV2(producerGroup=group, topic=topic, defaultTopic="TBW102",
-                                            defaultTopicQueueNums=4, queueId=0, sysFlag=sys_flag, bornTimestamp=1,
+                                            defaultTopicQueueNums=4, queueId=0, sysFlag=sys_flag, bornTimestamp=int(time.time() * 1000),
                                             flag=0, properties=encode_properties(properties))
         r = await self.request(code, header.to_ext(), body)
         assert r.code == ResponseCode.SUCCESS, r.remark
@@ -232,7 +233,7 @@ async def test_a_half_message_cannot_join_another_groups_transactions(acl_broker
     props = {P.UNIQ_KEY: _uniq.next(), P.TRAN_MSG: "true", P.PGROUP: "CG"}
     header = SendMessageRequestHeaderV2(producerGroup="CG", topic="Allowed", defaultTopic="TBW102",
                                         defaultTopicQueueNums=4, queueId=0, sysFlag=SysFlag.TRANSACTION_PREPARED_TYPE,
-                                        bornTimestamp=1, flag=0, properties=encode_properties(props))
+                                        bornTimestamp=int(time.time() * 1000), flag=0, properties=encode_properties(props))
     r = await app.request(RequestCode.SEND_MESSAGE_V2, header.to_ext(), b"half")
     assert r.code == ResponseCode.NO_PERMISSION and "group CG" in r.remark, r.remark
     assert acl_broker.store.pending_halves_count() == 0

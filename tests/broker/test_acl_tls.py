@@ -128,3 +128,31 @@ async def test_tls_broker_and_client(broker_factory, tmp_path):
     with pytest.raises((ConnectionError, asyncio.TimeoutError)):
         plain = await RawClient.connect(broker.addr)
         await plain.request(RequestCode.GET_MAX_OFFSET, {"topic": "Secure", "queueId": 0}, timeout=2)
+
+
+async def test_a_send_signed_outside_the_skew_window_is_refused(acl_broker):
+    """RocketMQ 4.x signs every extField, a send's bornTimestamp among them: a captured send replayed after
+    authorizationSkewSeconds (15 min) is refused, as is one signed that far ahead. Before, a captured send was
+    accepted for ever. Requests that sign no time (a pull here) cannot be told from their replay."""
+    import time
+
+    from halfmq.protocol.headers import SendMessageRequestHeaderV2
+    from halfmq.protocol.properties import encode_properties
+
+    app = Credentials("app", "app-secret")
+    raw = await RawClient.connect(acl_broker.addr)
+    try:
+        def signed_send(born_ms: int) -> dict:
+            header = SendMessageRequestHeaderV2(producerGroup="PG", topic="Allowed", defaultTopic="TBW102",
+                                                defaultTopicQueueNums=4, queueId=0, sysFlag=0, bornTimestamp=born_ms,
+                                                flag=0, properties=encode_properties({"WAIT": "true"}))
+            return app.sign({k: str(v) for k, v in header.to_ext().items()}, b"m")
+
+        now = int(time.time() * 1000)
+        for born in (now - 16 * 60_000, now + 16 * 60_000):
+            r = await raw.request(RequestCode.SEND_MESSAGE_V2, signed_send(born), b"m")
+            assert r.code == ResponseCode.NO_PERMISSION and "authorizationSkewSeconds" in r.remark, r.remark
+        r = await raw.request(RequestCode.SEND_MESSAGE_V2, signed_send(now - 14 * 60_000), b"m")
+        assert r.code == ResponseCode.SUCCESS, r.remark  # within the window: a client's clock may be off a little
+    finally:
+        raw.close()

@@ -119,6 +119,11 @@ EXT_KEYS = ["topic", "queueId", "a", "b", "c", "d", "e", "f", "g", "h", "i", "j"
 _uniq = UniqKeyGenerator()
 
 
+def now_ms() -> str:
+    """A send's bornTimestamp: the client's clock, signed, checked against authorizationSkewSeconds."""
+    return str(int(time.time() * 1000))
+
+
 def rss_mib() -> float:
     with open("/proc/self/status") as fh:
         for line in fh:
@@ -196,7 +201,7 @@ class Fuzzer:
     async def admin_send(self, topic: str, body: bytes, group: str = "PG_ADMIN", keys: str | None = None,
                          props: dict | None = None, sys_flag: int = 0) -> RemotingCommand:
         properties = {P.UNIQ_KEY: _uniq.next(), P.WAIT: "true", **({P.KEYS: keys} if keys else {}), **(props or {})}
-        ext = {"a": group, "b": topic, "c": "TBW102", "d": "4", "e": "0", "f": str(sys_flag), "g": "1", "h": "0",
+        ext = {"a": group, "b": topic, "c": "TBW102", "d": "4", "e": "0", "f": str(sys_flag), "g": now_ms(), "h": "0",
                "i": encode_properties(properties), "j": "0", "k": "false"}
         r = await self.admin.request(RequestCode.SEND_MESSAGE_V2, ADMIN.sign(ext, body), body)
         assert r.code == ResponseCode.SUCCESS, r.remark
@@ -227,7 +232,9 @@ class Fuzzer:
             code = RequestCode.SEND_MESSAGE_V2 if kind == "v2" else RequestCode.SEND_MESSAGE
         fields = {"producerGroup": rng.choice(GROUPS[:4]), "topic": topic, "defaultTopic": "TBW102",
                   "defaultTopicQueueNums": "4", "queueId": rng.choice(["0", "1", "-1", "5"]),
-                  "sysFlag": rng.choice(["0", "0", "4", "8"]), "bornTimestamp": "1", "flag": "0",
+                  "sysFlag": rng.choice(["0", "0", "4", "8"]), "flag": "0",
+                  # a signed time outside authorizationSkewSeconds (long past, ahead), none (0), not a number
+                  "bornTimestamp": rng.choice([now_ms(), now_ms(), now_ms(), "1", str(2**62), "0", "x"]),
                   "properties": self.props(rng), "reconsumeTimes": rng.choice(["0", "20"]), "unitMode": "false",
                   "batch": "true" if code == RequestCode.SEND_BATCH_MESSAGE else "false"}
         if code != RequestCode.SEND_MESSAGE:
@@ -307,7 +314,7 @@ class Fuzzer:
             props = encode_properties({P.UNIQ_KEY: _uniq.next(), P.WAIT: "true", P.KEYS: "K-OPEN"})
             fields = {"producerGroup": "PG_APP", "topic": topic, "defaultTopic": "TBW102",
                       "defaultTopicQueueNums": "4", "queueId": rng.choice(["0", "1"]), "sysFlag": "0",
-                      "bornTimestamp": "1", "flag": "0", "properties": props, "reconsumeTimes": "0",
+                      "bornTimestamp": now_ms(), "flag": "0", "properties": props, "reconsumeTimes": "0",
                       "unitMode": "false", "batch": "true" if code == RequestCode.SEND_BATCH_MESSAGE else "false"}
             if code != RequestCode.SEND_MESSAGE:
                 fields = dict(zip("abcdefghijkm", fields.values()))

@@ -4,6 +4,7 @@ Each test is an attack that worked before, against a real broker."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -66,7 +67,7 @@ async def open_client(broker):
 def _send_ext(group: str, topic: str = "Allowed", props: dict | None = None, sys_flag: int = 0) -> dict:
     properties = {P.UNIQ_KEY: _uniq.next(), P.WAIT: "true", **(props or {})}
     return SendMessageRequestHeaderV2(producerGroup=group, topic=topic, defaultTopic="TBW102", defaultTopicQueueNums=4,
-                                      queueId=0, sysFlag=sys_flag, bornTimestamp=1, flag=0,
+                                      queueId=0, sysFlag=sys_flag, bornTimestamp=int(time.time() * 1000), flag=0,
                                       properties=encode_properties(properties)).to_ext()
 
 

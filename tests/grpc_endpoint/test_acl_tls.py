@@ -99,3 +99,37 @@ def test_tls_with_the_broker_certificates(grpc_broker_factory, tmp_path):
     done = subprocess.run([sys.executable, "-c", TLS_CLIENT, broker.endpoint], env=env, capture_output=True,
                           text=True, timeout=120)
     assert "received over tls" in done.stdout, done.stdout[-2000:] + done.stderr[-4000:]
+
+
+def test_a_call_signed_outside_the_skew_window_is_refused(acl_broker):
+    """A captured authorization header replays for ever unless its signed x-mq-date-time is checked: calls signed
+    more than authorizationSkewSeconds (15 min) from the broker's clock, either way, are refused UNAUTHORIZED, and a
+    signature that does not cover x-mq-date-time too. Before, a 16 minutes old signature was served."""
+    import hashlib
+    import hmac
+    import time
+
+    import grpc
+    from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
+
+    def route_status(date_time: str, signed_headers: str = "x-mq-date-time"):
+        metadata = (("x-mq-client-id", "replayed@1"), ("x-mq-date-time", date_time))
+        signed = "".join(dict(metadata)[name] for name in signed_headers.split(";"))
+        signature = hmac.new(b"app-secret", signed.encode(), hashlib.sha1).hexdigest()
+        metadata += (("authorization", f"MQv2-HMAC-SHA1 Credential=app, SignedHeaders={signed_headers}, "
+                                       f"Signature={signature}"),)
+        request = QueryRouteRequest()
+        request.topic.name = "Allowed"
+        with grpc.insecure_channel(acl_broker.endpoint) as channel:
+            return MessagingServiceStub(channel).QueryRoute(request, metadata=metadata, timeout=10).status
+
+    def at(offset_s: float) -> str:
+        return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() + offset_s))
+
+    for offset in (-16 * 60, 16 * 60):
+        status = route_status(at(offset))
+        assert status.code == Code.UNAUTHORIZED and "authorizationSkewSeconds" in status.message, status
+    assert route_status("yesterday").code == Code.UNAUTHORIZED
+    no_time = route_status(at(0), "x-mq-client-id")  # a valid signature of no time
+    assert no_time.code == Code.UNAUTHORIZED and "x-mq-date-time" in no_time.message, no_time
+    assert route_status(at(-14 * 60)).code == Code.OK
