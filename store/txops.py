@@ -261,13 +261,16 @@ def pending_since(state: HalfState) -> int:
 class DiscardHalf(Op):
     """A half that used up its checks, or (``max_age_ms``) that no producer answered for that long since it was
     stored or last resumed, moves to ``topic`` (TRANS_CHECK_MAX_TIME_TOPIC), where it stays readable and
-    resumable. Value: the new state, or None when it was decided (or resumed) meanwhile."""
+    resumable. Without ``copy`` (a store too full to write one: a large half's copy needs as much room as the
+    half) nothing is written to ``topic``: the half is DISCARDED, resumable from its own record while retention
+    keeps it. Value: the new state, or None when it was decided (or resumed) meanwhile."""
 
     half_offset: int
     max_checks: int
     topic: str
     store_host: str
     max_age_ms: int | None = None
+    copy: bool = True
 
     def apply(self, wctx: WriteContext) -> HalfState | None:
         offset = self.half_offset
@@ -282,13 +285,13 @@ class DiscardHalf(Op):
                 return None
         elif wctx.now_ms - pending_since(state) < self.max_age_ms:
             return None
-        rec = decode_record(_half_record(wctx, offset))
-        rec.topic, rec.queue_id, rec.store_host = self.topic, 0, self.store_host
-        rec.properties[P.TRANSACTION_CHECK_TIMES] = str(state.checks)
-        result = wctx.put_message(message_request(rec))
+        if self.copy:
+            rec = decode_record(_half_record(wctx, offset))
+            rec.topic, rec.queue_id, rec.store_host = self.topic, 0, self.store_host
+            rec.properties[P.TRANSACTION_CHECK_TIMES] = str(state.checks)
+            state.discarded_offset = wctx.put_message(message_request(rec)).physical_offset
         wctx.remove_due(state.due, offset)
         state.status, state.decided_ts, state.decided_by = move.to, wctx.now_ms, Decider.DISCARD.value
-        state.discarded_offset = result.physical_offset
         wctx.put_half(offset, state)
         return state
 

@@ -163,7 +163,9 @@ class TransactionStates:
 
     def discard(self, half_offset: int, max_checks: int, aged: bool = False):
         """Move a half that used up its checks, or (``aged``) that no producer answered for ``max_pending_ms``, to
-        TRANS_CHECK_MAX_TIME_TOPIC, where it stays readable and resumable.
+        TRANS_CHECK_MAX_TIME_TOPIC, where it stays readable and resumable. A store refusing messages (full) gets no
+        copy: the copies of large halves took the room left for retention and decisions (the discards failed, and
+        the halves stayed); the half stays resumable from its own record while retention keeps it.
         Value: the new state, or None when the half was decided (or resumed) meanwhile."""
         def discarded(state) -> None:
             if state is None:
@@ -178,7 +180,7 @@ class TransactionStates:
                 self.ctx.metrics.half_decided(state)
 
         op = DiscardHalf(half_offset, max_checks, CHECK_MAX_TIME_TOPIC, self.ctx.store_host,
-                         self.max_pending_ms if aged else None)
+                         self.max_pending_ms if aged else None, copy=self.store.refusing is None)
         return self._when_done(self.store.submit(op), discarded)
 
     def resume(self, half_offset: int):

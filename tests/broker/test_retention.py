@@ -225,3 +225,40 @@ async def test_halves_no_producer_answers_never_keep_the_store_refusing_sends(br
             await broker.ctx.retention.run_pass()
     finally:
         client.close()
+
+
+async def test_a_store_filled_with_big_halves_nobody_answers_frees_itself(broker_factory):
+    """Issue 43: a client fills a 32 MiB store with 256 KiB halves of its own group until the store refuses (14),
+    then leaves. Discarding a half (its checks used up, or no producer for fileReservedTime) wrote its copy to
+    TRANS_CHECK_MAX_TIME_TOPIC: the copies filled the room the refusing store had left (LMDB then frees nothing
+    without a page to write), and every other client's 256 KiB send was refused for good, the halves pending.
+    Now a refusing store's discards write no copy (the half stays resumable from its own record), the discarded
+    halves age out, and the store frees itself as one of plain messages does."""
+    from tests.support.raw import RawClient
+    broker = await broker_factory(mapSize=1 << 20, maxMapSize=32 << 20, fileReservedTime=0.001,
+                                  cleanResourceInterval=3_600_000, transactionTimeOut=20,
+                                  transactionCheckInterval=500, transactionCheckMax=2)
+    orphan = await RawClient.connect(broker.addr)
+    body = os.urandom(256 << 10)
+    refused = None
+    for _ in range(200):
+        answer = await orphan.send("BigOrphans", body, group="PG_BIG",
+                                   props={"TRAN_MSG": "true", "PGROUP": "PG_BIG"}, sys_flag=4)
+        if answer.code != ResponseCode.SUCCESS:
+            refused = answer.code
+            break
+        await broker.ctx.retention.run_pass()  # the store refuses at diskSpaceWarningLevelRatio, not a full map
+    orphan.close()
+    assert refused == ResponseCode.SERVICE_NOT_AVAILABLE
+    filled = time.time()
+    client = await RawClient.connect(broker.addr)
+    try:
+        await outlive_retention(filled + 3.6 - RESERVED_S)  # every half is older than fileReservedTime (3.6 s)
+        deadline = time.monotonic() + 10
+        while (answer := await client.send("Other", body)).code != ResponseCode.SUCCESS:
+            assert time.monotonic() < deadline, f"sends are still refused ({answer.code}): the halves pin the store"
+            await outlive_retention(time.time() + 3.6 - RESERVED_S)  # the discarded halves age out too
+            await broker.ctx.retention.run_pass()
+        assert broker.store.pending_halves_count() == 0
+    finally:
+        client.close()
