@@ -1,7 +1,7 @@
 """The LMDB store: commit log, consume queues, consumer offsets, topics and transaction state."""
 from .config import StoreConfig
 from .errors import (CorruptRecordError, CorruptStoreError, HalfConflictError, HalfMismatchError, HalfNotFoundError,
-                     InvalidWriteError, StoreClosedError, StoreError, StoreFullError, StoreLockedError,
+                     InvalidWriteError, NotLeaderError, ReplicationError, StoreClosedError, StoreError, StoreFullError, StoreLockedError,
                      StoreUnavailableError)
 from .halfs import HalfState, HalfStatus
 from .requests import PutRequest, PutResult, message_request, record_request
@@ -10,4 +10,4 @@ from .store import MessageStore, StoredEntry
 __all__ = ["MessageStore", "StoreConfig", "PutRequest", "PutResult", "StoredEntry", "message_request",
            "record_request", "HalfState", "HalfStatus", "StoreError", "StoreFullError", "StoreClosedError",
            "StoreUnavailableError", "InvalidWriteError", "CorruptRecordError", "CorruptStoreError",
-           "StoreLockedError", "HalfNotFoundError", "HalfMismatchError", "HalfConflictError"]
+           "StoreLockedError", "NotLeaderError", "ReplicationError", "HalfNotFoundError", "HalfMismatchError", "HalfConflictError"]

@@ -54,3 +54,13 @@ class HalfMismatchError(StoreError):
 
 class HalfConflictError(StoreError):
     """A decision conflicts with the half's earlier one (commit after rollback or discard)."""
+
+
+class NotLeaderError(StoreError):
+    """This store follows its group's leader: only the leader's records are written to it."""
+
+
+class ReplicationError(StoreError):
+    """A write is not known to be on every in-sync copy of its group (too few in-sync replicas, or they did not
+    acknowledge it): it is not acknowledged. Refused before it was stored when the in-sync set was already too
+    small; otherwise it may be stored, like a write whose answer was lost."""

@@ -17,10 +17,11 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Callable
+from typing import Callable, Protocol
 
-from .errors import CorruptStoreError, StoreUnavailableError
+from .errors import CorruptStoreError, StoreError, StoreUnavailableError
 from .ops import PutMessage
+from .redo import ApplyRedo
 from .writer import FRAME, take_messages
 
 log = logging.getLogger(__name__)
@@ -28,16 +29,28 @@ MAX_WAITING_GROUPS = 100_000  #: groups sent but not durable before new ones are
 LINK_BUFFER_BYTES = 8 << 20  #: the socket buffer asked for on both ends of the link (a batch half's group: ~1 MiB)
 
 
-class _Group:
-    __slots__ = ("gid", "ops", "completions", "outcomes", "grown", "sent")
+class ReplicationGate(Protocol):
+    """What holds a group's answers until its group's other members have it (broker/replication/)."""
 
-    def __init__(self, gid: int, ops: list, completions: list):
+    #: groups whose replication record's sequence is at most this may be published
+    committed: int
+
+    def durable(self, seq: int, records: list[tuple[int, int, bytes]]) -> None:
+        """Groups up to replication sequence ``seq`` are durable here; ``records``: what a leader's writer
+        recorded for them (a follower's groups apply records they were sent)."""
+
+
+class _Group:
+    __slots__ = ("gid", "ops", "completions", "outcomes", "grown", "sent", "seq")
+
+    def __init__(self, gid: int, ops: list, completions: list, seq: int):
         self.sent = time.perf_counter()
         self.gid = gid
         self.ops = ops
         self.completions = completions
         self.outcomes: list | None = None
         self.grown: dict = {}
+        self.seq = seq  #: the replication record it holds or applies (0: none, published once durable)
 
 
 class _Protocol(asyncio.Protocol):
@@ -71,6 +84,8 @@ class WriterLink:
         self.waiting: collections.deque[_Group] = collections.deque()  # sent, not yet published; oldest first
         self.next_gid = 1
         self.closing = False
+        self.gate: ReplicationGate | None = None
+        self._leading: asyncio.Future | None = None
         self._ready: asyncio.Future | None = None
         self._closed: asyncio.Future | None = None
 
@@ -106,7 +121,11 @@ class WriterLink:
             error = StoreUnavailableError(f"{reason} (nothing of this write was stored)")
             self.publish([(c, (False, error)) for c in completions], {})
             return
-        group = _Group(self.next_gid, ops, completions)
+        seq = 0
+        for op in ops:  # a follower's group: the last record it applies
+            if type(op) is ApplyRedo:
+                seq = op.seq
+        group = _Group(self.next_gid, ops, completions, seq)
         self.next_gid += 1
         self.waiting.append(group)
         wire = [op.wire() if type(op) is PutMessage else op for op in ops]
@@ -119,30 +138,72 @@ class WriterLink:
         if kind == "done":  # groups now durable (SYNC_FLUSH) or committed (ASYNC_FLUSH), in order
             by_gid = {group.gid: group for group in self.waiting}
             last = None
-            for _last_gid, answers, grown, new_topics, commit_seconds in message[1]:
+            records, durable = [], 0
+            for _last_gid, answers, grown, new_topics, commit_seconds, redo in message[1]:
                 if new_topics:
                     self.new_topics(new_topics)
                 for gid, outcomes in answers:
-                    by_gid[gid].outcomes = outcomes
+                    group = by_gid[gid]
+                    group.outcomes = outcomes
+                    if redo is not None:
+                        group.seq = redo[1]
+                    durable = max(durable, group.seq)
                 last = by_gid[answers[-1][0]]
                 last.grown = grown
                 self.last_commit_seconds = commit_seconds
+                if redo is not None:
+                    records.append(redo)
+            if self.gate is not None and durable:
+                self.gate.durable(durable, records)
             self._publish_upto(last.gid)
         elif kind == "failed":
             if self._ready is not None and not self._ready.done():
                 self._ready.set_exception(CorruptStoreError(f"the store at {self.args[0]} cannot be opened: "
                                                             f"{message[1]}"))
+        elif kind in ("led", "lead-refused"):
+            if self._leading is not None and not self._leading.done():
+                if kind == "led":
+                    self._leading.set_result(None)
+                else:
+                    self._leading.set_exception(StoreError(message[1]))
         elif kind == "ready":
             _kind, queue_max, topic_ids = message
             self.on_ready(queue_max, topic_ids)
             if self._ready is not None and not self._ready.done():
                 self._ready.set_result(None)
 
+    async def lead(self, epoch: int) -> None:
+        """From now on the writer records each commit as replication record of ``epoch`` (store/redo.py).
+
+        Raises:
+            StoreError: the store already holds records of ``epoch`` or a later one."""
+        self._leading = asyncio.get_running_loop().create_future()
+        payload = pickle.dumps(("lead", epoch))
+        self.transport.write(FRAME.pack(len(payload)) + payload)
+        await asyncio.wait_for(self._leading, 60)
+
+    def release(self) -> None:
+        """The gate's committed sequence moved: publish what it now allows."""
+        self._publish_upto(self.next_gid)
+
+    def fail_held(self, error: StoreError) -> None:
+        """Groups durable here but held for the gate fail with ``error`` (what they wrote stays: the answer is
+        that it is not known to be on enough copies)."""
+        items, waiting = [], self.waiting
+        while waiting and waiting[0].outcomes is not None:
+            group = waiting.popleft()
+            items.extend((c, (False, error)) for c in group.completions)
+        if items:
+            self.publish(items, {})
+
     def _publish_upto(self, gid: int) -> None:
         items, grown = [], {}
         waiting = self.waiting
         group = None
+        committed = self.gate.committed if self.gate is not None else None
         while waiting and waiting[0].gid <= gid and waiting[0].outcomes is not None:
+            if committed is not None and waiting[0].seq > committed:
+                break
             group = waiting.popleft()
             for op, completion, outcome in zip(group.ops, group.completions, group.outcomes):
                 # A send's value came back as a plain tuple (ops.Op.result).

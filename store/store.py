@@ -31,11 +31,12 @@ from .errors import CorruptRecordError, CorruptStoreError, StoreClosedError, Sto
 from .halfs import HalfState, HalfStatus
 from .keys import CQ_VALUE, DUE_KEY, QUEUE_KEY, U64, offset_key, parse_offset_key
 from .lifecycle import log_end
-from .link import WriterLink
+from .link import ReplicationGate, WriterLink
 from .ops import Op, PutMessage, PutMessages
 from .timers import PutTimed
 from .txops import PrepareHalf
 from .owner import StoreOwner
+from .redo import ApplyRedo, read_epochs, read_position
 from .writer import DBS, open_env
 
 log = logging.getLogger(__name__)
@@ -72,12 +73,16 @@ class MessageStore:
         self.dbs: dict = {}
         self.link: WriterLink | None = None
         self.owner = StoreOwner(self.path)
+        self._lock_fd = -1
         self.loop: asyncio.AbstractEventLoop | None = None
         self.queue_max: dict[tuple[str, int], int] = {}
         #: first offset still held per queue (absent: 0); it moves up as retention deletes
         self.queue_min: dict[tuple[str, int], int] = {}
         #: why new messages are refused (the store is above its hard use ratio), or None
         self.refusing: str | None = None
+        #: why no write but a leader's records (ApplyRedo) is taken now (a follower; a leader short of in-sync
+        #: copies), or None: broker/replication/ sets it
+        self.write_refusal: Callable[[], Exception | None] | None = None
         self.topic_ids: dict[str, int] = {}
         self.listeners: list[Callable[[str, int, int], None]] = []
         #: called after each batch of writes was resolved (the broker writes the answers they completed)
@@ -101,12 +106,9 @@ class MessageStore:
         """
         cfg = self.config
         os.makedirs(self.path, exist_ok=True)
-        lock_fd = self.owner.acquire()
+        self._lock_fd = self.owner.acquire()
         self.loop = asyncio.get_running_loop()
-        self.link = WriterLink(self.path, cfg.map_size, max(cfg.map_size, cfg.max_map_size),
-                               cfg.flush_disk_type == "SYNC_FLUSH", cfg.flush_interval_ms,
-                               self._publish, self._on_writer_ready, inherit_fds=(lock_fd,))
-        self.link.new_topics = lambda topics: self.topic_ids.update(topics)
+        self.link = self._new_link()
         try:
             await self.link.start()
             try:
@@ -124,6 +126,74 @@ class MessageStore:
             self.owner.release()
             raise
         self.closed = False
+
+    # --- replication (broker/replication/) ---
+    @property
+    def position(self) -> tuple[int, int]:
+        """(epoch, sequence) of the last replication record committed here (store/redo.py)."""
+        with self.env.begin() as txn:
+            return read_position(txn.get, self.dbs["meta"])
+
+    @property
+    def epochs(self) -> list[tuple[int, int]]:
+        """The epoch history: (epoch, first sequence), oldest first."""
+        with self.env.begin() as txn:
+            return read_epochs(txn.get, self.dbs["meta"])
+
+    def set_gate(self, gate: ReplicationGate | None) -> None:
+        """Answers wait for ``gate`` (a leader: its in-sync followers' acknowledgements; a follower: its
+        leader's committed sequence)."""
+        self.link.gate = gate
+
+    async def lead(self, epoch: int) -> None:
+        """Number every write from now on as a replication record of ``epoch``."""
+        await self.link.lead(epoch)
+
+    def snapshot(self, path: str) -> tuple[int, int]:
+        """A consistent copy of the store, taken while writes go on, at ``path`` (a file); the (epoch, sequence)
+        it holds. Blocking: run it in a thread."""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            # copyfd copies one read transaction's view: the position key in it is the copy's own.
+            self.env.copyfd(fd, compact=True)
+        finally:
+            os.close(fd)
+        copy = lmdb.open(path, subdir=False, readonly=True, lock=False, max_dbs=len(DBS) + 2)
+        try:
+            with copy.begin() as txn:
+                meta = copy.open_db(b"meta", txn=txn, create=False)
+                return read_position(txn.get, meta)
+        finally:
+            copy.close()
+
+    async def replace(self, snapshot_path: str) -> None:
+        """Become ``snapshot_path`` (a leader's snapshot): the writer stops, the file takes the data file's place,
+        a new writer starts on it. Writes and reads wait for nothing meanwhile: a follower has no writes of its
+        own, and reads of the old file go on until it is closed."""
+        self._send_group()
+        await self.link.close()
+        self.env.close()
+        os.replace(snapshot_path, os.path.join(self.path, "data.mdb"))
+        lock = os.path.join(self.path, "lock.mdb")
+        if os.path.exists(lock):
+            os.unlink(lock)  # its reader table describes the old file
+        gate = self.link.gate
+        self.link = self._new_link()
+        self.link.gate = gate
+        self.queue_min = {}
+        await self.link.start()
+        cfg = self.config
+        self.env = open_env(self.path, max(cfg.map_size, cfg.max_map_size), readonly=True)
+        self.dbs = {name: self.env.open_db(name.encode(), create=False) for name in DBS}
+        self._load_minimums()
+
+    def _new_link(self) -> WriterLink:
+        cfg = self.config
+        link = WriterLink(self.path, cfg.map_size, max(cfg.map_size, cfg.max_map_size),
+                          cfg.flush_disk_type == "SYNC_FLUSH", cfg.flush_interval_ms,
+                          self._publish, self._on_writer_ready, inherit_fds=(self._lock_fd,))
+        link.new_topics = lambda topics: self.topic_ids.update(topics)
+        return link
 
     def _on_writer_ready(self, queue_max: dict, topic_ids: dict) -> None:
         self.queue_max = dict(queue_max)
@@ -212,6 +282,11 @@ class MessageStore:
         if self.closed:
             raise StoreClosedError("the store is closed")
         completion = Completion(self.loop)
+        if self.write_refusal is not None and type(op) is not ApplyRedo:
+            refusal = self.write_refusal()
+            if refusal is not None:
+                self.loop.call_soon(self._publish, [(completion, (False, refusal))], {})
+                return completion
         if self.refusing is not None and isinstance(op, ADDS_MESSAGES):
             # Through the same hand-off as a write's outcome: the broker writes answers when a batch is published.
             self.loop.call_soon(self._publish, [(completion, (False, StoreFullError(self.refusing)))], {})

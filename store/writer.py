@@ -81,6 +81,7 @@ from .context import Counters, WriteContext
 from .errors import StoreError, StoreFullError
 from .keys import QUEUE_KEY, QUEUE_PREFIX, TOPIC_ID, U64
 from .lifecycle import log_end
+from .redo import RecordingTxn, pack, read_epochs, read_position, write_position
 
 log = logging.getLogger(__name__)
 DBS = ("commitlog", "cq", "topic_ids", "offsets", "topics", "halfs", "due", "meta", "keys", "timers", "receipts")
@@ -136,22 +137,45 @@ class GroupWriter:
         self.counters = counters
         self.max_key = env.max_key_size()
         self.max_map_size = max_map_size
+        #: (epoch, sequence) of the last replication record held, and the epoch history (store/redo.py)
+        self.position, self.epochs = self._read_position()
+        #: the epoch this writer numbers its commits in, as the leader of a group; None: it records nothing
+        self.epoch: int | None = None
+        self._tables = {id(dbs[name]): index for index, name in enumerate(DBS)}
+        self.redo: tuple[int, int, bytes] | None = None  #: the last commit's record, while leading
+
+    def _read_position(self) -> tuple[tuple[int, int], list]:
+        with self.env.begin() as txn:
+            return read_position(txn.get, self.dbs["meta"]), read_epochs(txn.get, self.dbs["meta"])
+
+    def lead(self, epoch: int) -> None:
+        """Record every commit from now on, numbered in ``epoch`` (higher than any epoch this store saw)."""
+        self.position, self.epochs = self._read_position()  # a follower's applied records (ApplyRedo) moved them
+        if self.epochs and epoch <= self.epochs[-1][0]:
+            raise StoreError(f"epoch {epoch} is not above {self.epochs[-1][0]}, the last this store holds")
+        self.epoch = epoch
 
     def commit(self, ops: list) -> tuple[list, dict, dict, bool]:
-        """(outcomes, queue bounds grown, new topic ids, whether a commit (and so a data sync) happened).
+        """(outcomes, queue bounds grown, new topic ids, whether a commit (and so a data sync) happened); while
+        leading, ``redo`` is then the commit's replication record (or None when nothing was written).
 
         Each outcome is (True, value) or (False, exception)."""
         outcomes: list = [None] * len(ops)
         excluded: set[int] = set()
+        self.redo = None
+        numbered = None
         while True:
             counters = self.counters.copy()
             txn = self.env.begin(write=True)
-            wctx = WriteContext(txn, self.dbs, counters, int(time.time() * 1000), self.max_key)
+            recorder = RecordingTxn(txn, self._tables) if self.epoch is not None else None
+            wctx = WriteContext(recorder or txn, self.dbs, counters, int(time.time() * 1000), self.max_key)
             try:
                 broken = self._apply_all(ops, excluded, outcomes, wctx)
                 if broken is None:
                     wctx.flush()
                     if wctx.writes:
+                        if recorder is not None:
+                            numbered = self._number(txn, recorder)
                         txn.commit()
                     else:
                         txn.abort()
@@ -181,7 +205,17 @@ class GroupWriter:
                 outcomes[index] = (False, _portable(exc))
                 continue
             self.counters = counters
+            if numbered is not None:
+                self.redo, self.epochs = numbered
+                self.position = self.redo[:2]
             return outcomes, wctx.grown, wctx.new_topics, bool(wctx.writes)
+
+    def _number(self, txn, recorder: RecordingTxn) -> tuple[tuple[int, int, bytes], list]:
+        """The commit's record, the next sequence of this writer's epoch, stored with it (store/redo.py); and the
+        epoch history as it is once the commit is."""
+        seq = self.position[1] + 1
+        epochs = write_position(txn, self.dbs["meta"], self.epoch, seq, self.epochs)
+        return (self.epoch, seq, pack(recorder.entries)), epochs
 
     def _grow_map(self) -> bool:
         """Double the map, up to max_map_size (no transaction may be open); whether it grew."""
@@ -376,6 +410,13 @@ def serve(path: str, map_size: int, max_map_size: int, sync_each: bool, flush_in
                 return 2
             synced_gid = last_gid
             continue
+        for message in messages:
+            if message[0] == "lead":
+                try:
+                    writer.lead(message[1])
+                    link.send(("led",))
+                except StoreError as exc:
+                    link.send(("lead-refused", str(exc)))
         groups = [m for m in messages if m[0] == "group"]
         for chunk in _chunks(groups):
             ops = [op for _kind, _gid, group_ops in chunk for op in group_ops]
@@ -395,7 +436,7 @@ def serve(path: str, map_size: int, max_map_size: int, sync_each: bool, flush_in
             elif synced:
                 synced_gid = previous  # this commit's data sync flushed every earlier commit's meta page too
             # The chunk's outcomes, now durable (SYNC_FLUSH) or committed (ASYNC_FLUSH), in group order.
-            link.send(("done", [(last_gid, per_group, grown, new_topics, took)]))
+            link.send(("done", [(last_gid, per_group, grown, new_topics, took, writer.redo)]))
         # After the answers: writing ahead never delays an acknowledgement.
         prewriter.after_commit()
         if any(m[0] == "close" for m in messages):
