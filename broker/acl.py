@@ -50,7 +50,8 @@ from dataclasses import dataclass, field
 import yaml
 
 from halfmq.protocol import properties as P
-from halfmq.protocol.codes import ADMIN_REQUEST_CODES, BROKER_REGISTRATION_CODES, RequestCode, ResponseCode
+from halfmq.protocol.codes import (ADMIN_REQUEST_CODES, BROKER_REGISTRATION_CODES, REPLICATION_CODES, RequestCode,
+                                   ResponseCode)
 from halfmq.protocol.headers import (
     GROUP,
     TOPIC,
@@ -263,6 +264,8 @@ def rules_markdown() -> str:
     lines.append(f"| other | {plain} | a valid signature only | they name no resource |")
     joins = ", ".join(f"{c.name} ({int(c)})" for c in sorted(BROKER_REGISTRATION_CODES))
     lines.append(f"| registration | {joins} | an admin account (ACL off: anyone) | served by `halfmq namesrv` only |")
+    links = ", ".join(f"{c.name} ({int(c)})" for c in sorted(REPLICATION_CODES))
+    lines.append(f"| replication | {links} | an admin account (ACL off: anyone) | served on `haListenPort` only |")
     return "\n".join(lines)
 
 
@@ -354,7 +357,8 @@ class AccessValidator:
                                   f"admin request {cmd.code} is only served to loopback clients when ACL is off")
         else:
             account = self._account(cmd)
-            if (cmd.code in ADMIN_REQUEST_CODES or cmd.code in BROKER_REGISTRATION_CODES) and not account.admin:
+            if (cmd.code in ADMIN_REQUEST_CODES or cmd.code in BROKER_REGISTRATION_CODES
+                    or cmd.code in REPLICATION_CODES) and not account.admin:
                 raise BrokerError(ResponseCode.NO_PERMISSION, f"request {cmd.code} needs an admin account")
         rule = RULES.get(cmd.code)
         if rule is None:

@@ -31,8 +31,19 @@ class BrokerConfig:
 
     brokerClusterName: str = _doc("cluster name put in routes and the CLUSTER property", default="DefaultCluster")
     brokerName: str = _doc("broker name put in routes", default="broker-a")
-    brokerId: int = _doc("0 = master (the only role halfmq has today; routes keep members by brokerId)", default=0,
-                         meta={"min": 0, "max": 0})
+    brokerId: int = _doc("a broker group's member: 0 leads, another id follows the leader (replication, "
+                         "docs/replication.md); routes show the leader as 0", default=0, meta={"min": 0, "max": 1023})
+    haListenPort: int = _doc("replication port of a broker group's member (0 = any free port, -1 = off); used by "
+                             "a broker with namesrvAddr, haMasterAddress or a brokerId above 0 (a broker alone has "
+                             "no replication)", default=10912, meta={"min": -1, "max": 65535})
+    haMasterAddress: str = _doc("HOST:PORT of the leader's replication port, for a follower; empty = the address the "
+                                "name servers give for its group's leader", default="")
+    minInSyncReplicas: int = _doc("members (the leader counted) that must have a write durable before it is "
+                                  "answered; with fewer in sync, writes are refused (code 14); 0 = 2 once the group "
+                                  "has had a follower, else 1", default=0, meta={"min": 0, "max": 16})
+    haMaxLagMillis: int = _doc("a follower whose oldest unacknowledged record is older than this leaves the in-sync "
+                               "set (writes stop waiting for it), ms; it joins again once caught up", default=5000,
+                               meta={"min": 100})
     brokerIP1: str = _doc("address advertised in routes and message ids; empty = bindAddress, or 127.0.0.1 "
                           "when bound to all interfaces", default="")
     bindAddress: str = _doc("interface the broker and name-server ports (and metrics, unless "

@@ -41,6 +41,9 @@ class Failure(enum.Enum):
     BAD_REQUEST = (R.SYSTEM_ERROR, "BAD_REQUEST")
     UNKNOWN_TRANSACTION = (R.SYSTEM_ERROR, "INVALID_TRANSACTION_ID")
     SIGNATURE_EXPIRED = (R.NO_PERMISSION, "UNAUTHORIZED")
+    #: a broker group cannot take a write here: this member follows (a RocketMQ slave's answer), or too few copies
+    #: are in sync. Code 14, which producers retry elsewhere; never "stored on one copy" (10, 11, 12 read as sent)
+    NOT_REPLICATED = (R.SERVICE_NOT_AVAILABLE, "HA_NOT_AVAILABLE")
 
     def __init__(self, remoting: int, grpc: str):
         self.remoting = remoting
@@ -87,6 +90,8 @@ _STORE_FAILURES: tuple[tuple[type, Failure | int], ...] = (
     (store_errors.StoreFullError, R.SERVICE_NOT_AVAILABLE),
     (store_errors.StoreClosedError, R.SERVICE_NOT_AVAILABLE),
     (store_errors.StoreUnavailableError, R.SERVICE_NOT_AVAILABLE),
+    (store_errors.NotLeaderError, Failure.NOT_REPLICATED),
+    (store_errors.ReplicationError, Failure.NOT_REPLICATED),
     (store_errors.InvalidWriteError, Failure.BAD_MESSAGE),
     (store_errors.HalfNotFoundError, Failure.UNKNOWN_TRANSACTION),
     (store_errors.HalfMismatchError, Failure.UNKNOWN_TRANSACTION),

@@ -1,12 +1,15 @@
 """The broker process: store, services, the broker listener and the built-in name server.
 
-Lifecycle (after uvicorn): start = open store → load tables → start services → listen; stop = stop accepting
-→ answer held pulls → drain in-progress requests with a grace period → stop services → flush offsets → close
-the store.
+Lifecycle: start = open store → load tables → listen → take the broker group role (leader services or the
+replication link) → periodic tasks → the other ports → register; stop is the reverse, by construction (one
+AsyncExitStack): unregister → close the other ports → stop accepting, answer held pulls, drain in-progress requests
+with a grace period → stop periodic tasks → leave the role (stop services) → flush offsets → close connections →
+close the store.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import socket
@@ -27,6 +30,7 @@ from .processors.inspect import InspectProcessor
 from .processors.lifecycle import LifecycleProcessor
 from .processors.offsets import OffsetProcessor
 from .processors.pull import PullProcessor
+from .processors.replication import ReplicationProcessor
 from .processors.send import SendProcessor
 from .messaging.consumer import ConsumerService
 from .messaging.producer import ProducerService
@@ -36,12 +40,10 @@ from .namesrv.link import parse_namesrv_addrs
 from .namesrv.processor import NameServerProcessor
 from .namesrv.registration import LocalTopics, Registrar
 from .namesrv.routes import BrokerEntry, RouteTable
+from .replication.member import GroupMember
+from .services.leading import LeaderServices
 from .services.offsets import ConsumerOffsetManager
 from .services.periodic import PeriodicTask
-from .services.check_back import CheckBackService
-from .services.retention import RetentionService
-from .services.schedule import ScheduleService
-from .services.timers import TimerService
 from .services.transaction import TransactionStates
 from .topics import TopicManager
 from .transport import BrokerProtocol, ConnectionLimits, ConnectionSet
@@ -92,7 +94,10 @@ async def listen(loop, factory, host: str, port: int, tls, setting: str) -> asyn
 
 class Broker:
     """One broker. ``await start()`` binds its ports (0 = any free port); ``addr``/``namesrv_addr``/
-    ``metrics_addr`` are the addresses bound (``0.0.0.0:10911`` when bound to every interface)."""
+    ``metrics_addr`` are the addresses bound (``0.0.0.0:10911`` when bound to every interface).
+
+    Lifecycle by construction: each component started pushes its stop onto one ``AsyncExitStack``, so stopping is
+    the reverse of starting (and a failed start stops exactly what had started), with no second list to keep."""
 
     def __init__(self, config: BrokerConfig):
         self.config = config
@@ -100,8 +105,10 @@ class Broker:
         self.store: MessageStore | None = None
         self.dispatcher = Dispatcher("broker")
         self.namesrv_dispatcher = Dispatcher("namesrv")
+        self.ha_dispatcher = Dispatcher("replication")
         self.connections = ConnectionSet(config.serverMaxConnections)
         self.namesrv_connections = ConnectionSet(config.serverMaxConnections)
+        self.ha_connections = ConnectionSet(config.serverMaxConnections)
         self.servers: list[asyncio.base_events.Server] = []
         self.periodic: list[PeriodicTask] = []
         self.addr = ""
@@ -110,8 +117,11 @@ class Broker:
         self.namesrv_port = 0
         self.metrics_port = 0
         self.metrics_addr = ""
+        self.ha_port = 0
+        self.ha_addr = ""
         self.producer: ProducerService | None = None
         self.consumer: ConsumerService | None = None
+        self.member: GroupMember | None = None  #: the broker's role in its broker group (replication)
         self.grpc = None  #: broker/grpc's GrpcEndpoint, when grpcListenPort >= 0 and the grpc extra is installed
         self.dashboard = None  #: halfmq.dashboard's DashboardServer, when dashboardPort >= 0
         self.dashboard_addr = ""
@@ -121,31 +131,37 @@ class Broker:
         self.grpc_addr = ""
         self.stopped = asyncio.Event()
         self._stopping = False
+        self._stack = contextlib.AsyncExitStack()
 
     async def start(self) -> None:
         cfg = self.config
         # Refused before anything is made: a bad name or address leaves no store folder behind.
         parse_namesrv_addrs(cfg.namesrvAddr)
+        if cfg.haMasterAddress:
+            parse_namesrv_addrs(cfg.haMasterAddress, "haMasterAddress")
         for key in ("brokerName", "brokerClusterName"):  # routes, message properties and pages show them
             try:
                 check_broker_name(getattr(cfg, key), key)
             except BrokerError as exc:
                 raise ConfigError(exc.remark) from None
-        loop = asyncio.get_running_loop()
-        self.store = MessageStore(StoreConfig(root=cfg.storePathRootDir, map_size=cfg.mapSize,
-                                              max_map_size=cfg.maxMapSize, flush_disk_type=cfg.flushDiskType,
-                                              flush_interval_ms=cfg.flushIntervalCommitLog))
-        await self.store.open()
         try:
-            await self._start_services(loop)
+            await self._start(asyncio.get_running_loop())
         except BaseException:
             # Stop what was started (services, periodic tasks, listeners, the store's writer): a failed start
             # leaves no task pending and no process behind.
             await self._shutdown()
             raise
 
-    async def _start_services(self, loop) -> None:
+    async def _start(self, loop) -> None:
         cfg = self.config
+        stack = self._stack
+        self.store = MessageStore(StoreConfig(root=cfg.storePathRootDir, map_size=cfg.mapSize,
+                                              max_map_size=cfg.maxMapSize, flush_disk_type=cfg.flushDiskType,
+                                              flush_interval_ms=cfg.flushIntervalCommitLog))
+        await self.store.open()
+        stack.push_async_callback(self.store.close)
+        # Last to stop before the store: connections, and the listeners' own ends.
+        stack.push_async_callback(self._close_connections)
         topics = TopicManager(self.store, cfg.defaultTopicQueueNums, cfg.autoCreateTopicEnable,
                               len(cfg.delay_levels_ms), max_topics=cfg.maxAutoCreatedTopics,
                               auto_create_groups=cfg.autoCreateSubscriptionGroup,
@@ -154,22 +170,23 @@ class Broker:
         offsets = ConsumerOffsetManager(self.store)
         offsets.load()
         ctx = self.ctx = BrokerContext(cfg, self.store, topics, offsets)
-        ctx.schedule = ScheduleService(ctx)
-        ctx.timers = TimerService(ctx)
+        stack.push_async_callback(self._flush_offsets)
+        stack.callback(ctx.consumers.close)
         ctx.metrics = BrokerMetrics(ctx)
-        ctx.metrics.load_pending()
+        stack.callback(ctx.metrics.close)
         self.dispatcher.request_observer = ctx.metrics.request_done
         ctx.transactions = TransactionStates(ctx)
-        ctx.check_back = CheckBackService(ctx, ctx.transactions)
-        ctx.retention = RetentionService(ctx)
+        services = LeaderServices(ctx)
+        services.build()
         self.producer = ProducerService(ctx)
         self.consumer = ConsumerService(ctx)
 
         # Both listeners bound their connections as configured (memory, requests in progress, partial frames).
         self.dispatcher.limits = self.namesrv_dispatcher.limits = ConnectionLimits.from_config(cfg)
+        self.ha_dispatcher.limits = self.dispatcher.limits
         validator = ctx.acl = AccessValidator(load_accounts(cfg.aclConfigFile) if cfg.aclEnable else None,
                                               cfg.authorizationSkewSeconds)
-        self.dispatcher.authorize = validator.check
+        self.dispatcher.authorize = self.ha_dispatcher.authorize = validator.check
         tls = self._tls_context()
         if not cfg.brokerIP1 and ":" in cfg.bindAddress and cfg.bindAddress not in WILDCARDS:
             raise ConfigError(f"bindAddress {cfg.bindAddress} is one IPv6 address: set brokerIP1 to the IPv4 address "
@@ -181,10 +198,11 @@ class Broker:
         ctx.store_host = ctx.broker_addr = f"{cfg.advertised_ip}:{self.port}"
         self.addr = format_address(server.sockets[0].getsockname())
 
+        self.member = GroupMember(ctx, services, find_leader=self._find_leader, on_role_change=self._role_changed)
         for processor in (SendProcessor(ctx, self.producer), PullProcessor(ctx, self.consumer),
                           OffsetProcessor(ctx, self.consumer),
                           ClientManageProcessor(ctx), AdminProcessor(ctx), EndTransactionProcessor(ctx),
-                          InspectProcessor(ctx), LifecycleProcessor(ctx)):
+                          InspectProcessor(ctx), LifecycleProcessor(ctx), ReplicationProcessor(self.member)):
             processor.register(self.dispatcher)
         # The name-server requests a client may send to the broker port too; with namesrvAddr they describe the
         # built-in table of this broker alone, which is also what a client asking this broker should learn.
@@ -197,11 +215,14 @@ class Broker:
         self.dispatcher.store = self.store
         self.dispatcher.on_channel_closed(ctx.consumers.channel_closed)
         self.store.add_arrival_listener(ctx.long_poll.on_arrival)
-        self.store.add_arrival_listener(ctx.schedule.on_arrival)
-        ctx.schedule.start()
-        ctx.timers.start()
-        ctx.check_back.start()
-        ctx.retention.start()
+        if self.member.enabled:
+            self.member.register(self.ha_dispatcher)
+            ha = await self._listen(loop, self._protocol_factory(self.ha_dispatcher, self.ha_connections),
+                                    cfg.haListenPort, tls, "haListenPort")
+            self.ha_port = ha.sockets[0].getsockname()[1]
+            self.ha_addr = self.member.ha_addr = f"{cfg.advertised_ip}:{self.ha_port}"
+        await self.member.start()
+        stack.push_async_callback(self.member.stop)
 
         self.periodic = [
             PeriodicTask("flush-consumer-offsets", cfg.flushConsumerOffsetInterval / 1000, offsets.flush),
@@ -212,6 +233,9 @@ class Broker:
             self.periodic.append(PeriodicTask("close-idle", min(idle, 10), lambda: self._close_idle(idle)))
         for task in self.periodic:
             task.start()
+            stack.push_async_callback(task.stop)
+        # Before services stop: no new requests, held pulls answered, requests in progress drained.
+        stack.push_async_callback(self._quiesce)
 
         if cfg.namesrvListenPort >= 0 and not cfg.namesrvAddr:
             NameServerProcessor(self.routes).register(self.namesrv_dispatcher, registrations=False)
@@ -233,16 +257,27 @@ class Broker:
             await self._start_dashboard(ctx)
         if cfg.namesrvAddr:
             grpc_addr = f"{cfg.advertised_ip}:{self.grpc_port}" if self.grpc is not None else ""
-            self.registrar = Registrar(cfg, topics, ctx.broker_addr, grpc_addr)
+            self.registrar = Registrar(cfg, topics, ctx.broker_addr, grpc_addr, member=self.member)
             topics.change_listeners.append(self.registrar.topics_changed)
             await self.registrar.start()
+            # First at shutdown: clients' routes leave this broker before its port closes.
+            stack.push_async_callback(self.registrar.stop)
         log.info("effective configuration: %s", " ".join(f"{k}={v}" for k, v in cfg.as_dict().items()))
-        log.info("listening: broker %s namesrv %s metrics %s grpc %s dashboard %s; routes and message ids advertise "
-                 "%s", self.addr, self.namesrv_addr or "-", self.metrics_addr or "-", self.grpc_addr or "-",
-                 self.dashboard_addr or "-", ctx.broker_addr)
+        log.info("listening: broker %s namesrv %s metrics %s grpc %s dashboard %s replication %s; routes and "
+                 "message ids advertise %s", self.addr, self.namesrv_addr or "-", self.metrics_addr or "-",
+                 self.grpc_addr or "-", self.dashboard_addr or "-", self.ha_addr or "-", ctx.broker_addr)
         if not cfg.brokerIP1 and cfg.bindAddress in WILDCARDS:
             log.warning("bound to every interface but brokerIP1 is not set: routes advertise %s, which only "
                         "clients on this host can reach", ctx.broker_addr)
+
+    async def _find_leader(self) -> str | None:
+        """The replication address of this group's leader, as the name servers know it."""
+        return self.registrar.leader_ha_addr if self.registrar is not None else None
+
+    async def _role_changed(self) -> None:
+        """Took or handed over the leadership: the name servers hear of the new id at once."""
+        if self.registrar is not None:
+            self.registrar.topics_changed()
 
     async def _start_grpc(self, ctx) -> None:
         """The gRPC endpoint for RocketMQ 5 clients (broker/grpc/), on bindAddress with the broker port's TLS
@@ -258,18 +293,17 @@ class Broker:
         if tls is not None:
             tls.set_alpn_protocols(["h2"])  # gRPC clients ask for HTTP/2 by ALPN
         loop = asyncio.get_running_loop()
-        self.grpc = GrpcEndpoint(ctx, self.producer, self.consumer)
-        try:
-            self.grpc_port = await self.grpc.start(
-                lambda factory: self._listen(loop, factory, cfg.grpcListenPort, tls, "grpcListenPort"),
-                self.dispatcher.limits.frame_budget)
-        except StartError:
-            self.grpc = None
-            raise
+        grpc = GrpcEndpoint(ctx, self.producer, self.consumer)
+        self.grpc_port = await grpc.start(
+            lambda factory: self._listen(loop, factory, cfg.grpcListenPort, tls, "grpcListenPort"),
+            self.dispatcher.limits.frame_budget)
+        self.grpc = grpc
+        self._stack.push_async_callback(grpc.stop, min(cfg.shutdownGraceSeconds, 2))
         self.grpc_addr = format_address((cfg.bindAddress or "0.0.0.0", self.grpc_port))
         task = PeriodicTask("expire-grpc-clients", CLIENT_SCAN_INTERVAL_S, self.grpc.expire_sessions)
         self.periodic.append(task)
         task.start()
+        self._stack.push_async_callback(task.stop)
 
     async def _start_dashboard(self, ctx) -> None:
         """The dashboard (halfmq.dashboard): a client of the brokers like `halfmq admin`, so it asks this broker's
@@ -285,6 +319,7 @@ class Broker:
         except OSError as exc:
             raise bind_error("dashboardPort", settings.host, cfg.dashboardPort, exc) from None
         self.dashboard = server
+        self._stack.push_async_callback(server.stop)
         self.dashboard_addr = server.addr
 
     def _tls_context(self) -> ssl.SSLContext | None:
@@ -323,6 +358,30 @@ class Broker:
         if self.grpc is not None:
             self.grpc.close_idle(idle_seconds)
 
+    async def _quiesce(self) -> None:
+        """Stop taking requests on every port, answer held pulls, and drain what is in progress (a grace period)."""
+        for server in self.servers:
+            server.close()
+        self.connections.stop_reading()
+        self.namesrv_connections.stop_reading()
+        self.ha_connections.stop_reading()
+        self.ctx.long_poll.release_all()
+        await self.dispatcher.drain(self.config.shutdownGraceSeconds)
+
+    async def _flush_offsets(self) -> None:
+        try:
+            await self.ctx.offsets.flush()
+        except Exception:
+            log.exception("could not persist consumer offsets at shutdown")
+
+    async def _close_connections(self) -> None:
+        self.connections.close_all()
+        self.namesrv_connections.close_all()
+        self.ha_connections.close_all()
+        for server in self.servers:
+            server.close()
+            await server.wait_closed()
+
     async def stop(self) -> None:
         if self._stopping:
             await self.stopped.wait()
@@ -336,42 +395,6 @@ class Broker:
         """Stop whatever has been started, in the reverse order of start; safe after a partial start."""
         self._stopping = True
         try:
-            if self.registrar is not None:
-                await self.registrar.stop()  # first: clients' routes leave this broker before its port closes
-            if self.dashboard is not None:
-                await self.dashboard.stop()
-            for server in self.servers:
-                server.close()
-            self.connections.stop_reading()
-            self.namesrv_connections.stop_reading()
-            if self.grpc is not None:
-                await self.grpc.stop(min(self.config.shutdownGraceSeconds, 2))
-            if self.ctx is not None:
-                self.ctx.long_poll.release_all()
-                await self.dispatcher.drain(self.config.shutdownGraceSeconds)
-                if self.ctx.check_back is not None:
-                    await self.ctx.check_back.stop()
-                if self.ctx.schedule is not None:
-                    await self.ctx.schedule.stop()
-                if self.ctx.timers is not None:
-                    await self.ctx.timers.stop()
-                if self.ctx.retention is not None:
-                    await self.ctx.retention.stop()
-                for task in self.periodic:
-                    await task.stop()
-                try:
-                    await self.ctx.offsets.flush()
-                except Exception:
-                    log.exception("could not persist consumer offsets at shutdown")
-            if self.ctx is not None:
-                if self.ctx.metrics is not None:
-                    self.ctx.metrics.close()
-                self.ctx.consumers.close()
-            self.connections.close_all()
-            self.namesrv_connections.close_all()
-            for server in self.servers:
-                await server.wait_closed()
+            await self._stack.aclose()
         finally:
-            if self.store is not None:
-                await self.store.close()
             self.stopped.set()

@@ -156,6 +156,24 @@ class TopicManager:
                 self._counts[kind] += 1
         self.topics[config.name] = config
 
+    def _remove(self, name: str) -> bool:
+        if self.topics.pop(name, None) is None:
+            return False
+        kind = _kind(name)
+        if kind is not None:
+            self._counts[kind] -= 1
+        return True
+
+    def reload(self, names) -> None:
+        """Topics the store changed behind this table (a follower's replicated records): read them again."""
+        for name in names:
+            raw = self.store.get_topic(name)
+            if raw is not None:
+                self._add(TopicConfig(**raw))
+            elif name not in self._system:
+                self._remove(name)
+        self._changed()
+
     @property
     def user_topic_count(self) -> int:
         return self._counts[_USER]
@@ -175,19 +193,27 @@ class TopicManager:
         """
         # Retry and DLQ topics are named after a client's group: checked here as well, whoever asks for one.
         validate_topic_name(config.name)
+        previous = self.topics.get(config.name)
         self._add(config)
-        await self.store.submit(PutTopic(config.name, asdict(config)))
+        try:
+            await self.store.submit(PutTopic(config.name, asdict(config)))
+        except BaseException:
+            # Not stored (a follower refuses writes, a full store): the table stays as the store has it.
+            if self.topics.get(config.name) is config:
+                if previous is None:
+                    self._remove(config.name)
+                else:
+                    self._add(previous)
+            raise
         self._changed()
 
     async def delete(self, name: str) -> bool:
         if name in SYSTEM_TOPICS:
             raise BrokerError(ResponseCode.SYSTEM_ERROR, f"The topic[{name}] is conflict with system topic.")
-        if self.topics.pop(name, None) is None:
+        if name not in self.topics:
             return False
-        kind = _kind(name)
-        if kind is not None:
-            self._counts[kind] -= 1
         self.store.forget_topic(name, await self.store.submit(DeleteTopic(name)))
+        self._remove(name)
         self._changed()
         return True
 

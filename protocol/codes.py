@@ -54,6 +54,18 @@ class RequestCode(IntEnum):
     HALFMQ_GET_CONSUMER_GROUPS = 20004
     #: one page of a broker's live producer groups with their clients, remoting and gRPC (the dashboard)
     HALFMQ_GET_PRODUCER_GROUPS = 20005
+    #: a broker group's replication: its members, their sequences and lag, the in-sync set (admin)
+    HALFMQ_GET_REPLICATION = 20006
+    #: hand a broker group's leadership to one of its followers (admin, sent to the leader)
+    HALFMQ_SWITCH_LEADER = 20007
+    #: the replication link (haListenPort): a follower asks to follow; the leader's records, snapshot pieces and
+    #: promotion go to it; its acknowledgements and the consumer offsets committed at it come back
+    HALFMQ_REPL_FOLLOW = 20010
+    HALFMQ_REPL_RECORDS = 20011
+    HALFMQ_REPL_SNAPSHOT = 20012
+    HALFMQ_REPL_ACK = 20013
+    HALFMQ_REPL_OFFSETS = 20014
+    HALFMQ_REPL_PROMOTE = 20015
 
 
 #: Codes that read or change broker state for operators: served only to admin peers (see broker/acl).
@@ -65,9 +77,14 @@ ADMIN_REQUEST_CODES = frozenset({
     RequestCode.GET_BROKER_CONFIG, RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
     RequestCode.DELETE_SUBSCRIPTIONGROUP, RequestCode.DELETE_EXPIRED_COMMITLOG, RequestCode.DELETE_TOPIC_IN_NAMESRV,
     RequestCode.HALFMQ_GET_TOPIC_STATS, RequestCode.QUERY_TOPIC_CONSUME_BY_WHO,
-    RequestCode.HALFMQ_GET_CONSUMER_GROUPS, RequestCode.HALFMQ_GET_PRODUCER_GROUPS})
+    RequestCode.HALFMQ_GET_CONSUMER_GROUPS, RequestCode.HALFMQ_GET_PRODUCER_GROUPS,
+    RequestCode.HALFMQ_GET_REPLICATION, RequestCode.HALFMQ_SWITCH_LEADER})
 #: A broker's registration with a name server: an admin account's with ACL on, open with it off (as RocketMQ's).
 BROKER_REGISTRATION_CODES = frozenset({RequestCode.REGISTER_BROKER, RequestCode.UNREGISTER_BROKER})
+#: The replication link between a broker group's members: an admin account's with ACL on, like registrations.
+REPLICATION_CODES = frozenset({RequestCode.HALFMQ_REPL_FOLLOW, RequestCode.HALFMQ_REPL_RECORDS,
+                               RequestCode.HALFMQ_REPL_SNAPSHOT, RequestCode.HALFMQ_REPL_ACK,
+                               RequestCode.HALFMQ_REPL_OFFSETS, RequestCode.HALFMQ_REPL_PROMOTE})
 
 
 class ResponseCode(IntEnum):

@@ -353,6 +353,9 @@ class MessageStore:
     def add_arrival_listener(self, callback: Callable[[str, int, int], None]) -> None:
         self.listeners.append(callback)
 
+    def remove_arrival_listener(self, callback: Callable[[str, int, int], None]) -> None:
+        self.listeners.remove(callback)
+
     # --- integrity ---
     def _corrupt(self, physical_offset: int, where: str) -> CorruptRecordError:
         self.corrupt_records += 1

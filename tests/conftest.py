@@ -11,7 +11,7 @@ def broker_config(store_dir, **overrides) -> BrokerConfig:
     """A test broker's configuration: loopback, any free ports, a small map, the given overrides."""
     base = {"bindAddress": "127.0.0.1", "listenPort": 0, "namesrvListenPort": 0,
             "storePathRootDir": str(store_dir), "mapSize": 1 << 30, "metricsPromExporterPort": -1, "shutdownGraceSeconds": 2,
-            "grpcListenPort": -1, "dashboardPort": -1}
+            "grpcListenPort": -1, "dashboardPort": -1, "haListenPort": 0}
     base.update(overrides)
     return build_config(base)
 

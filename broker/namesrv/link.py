@@ -15,11 +15,11 @@ from ..config import ConfigError
 _MAX_ANSWER = 64 << 20  #: a route or cluster answer; a peer that announces more is not a name server
 
 
-def parse_namesrv_addrs(text: str) -> list[tuple[str, int]]:
-    """``HOST:PORT;HOST:PORT`` (namesrvAddr) → [(host, port)].
+def parse_namesrv_addrs(text: str, key: str = "namesrvAddr") -> list[tuple[str, int]]:
+    """``HOST:PORT;HOST:PORT`` (namesrvAddr, or another key's addresses) → [(host, port)].
 
     Raises:
-        ConfigError: an entry is not HOST:PORT, naming namesrvAddr.
+        ConfigError: an entry is not HOST:PORT, naming the key.
     """
     addrs = []
     for item in (a.strip() for a in text.split(";")):
@@ -27,7 +27,7 @@ def parse_namesrv_addrs(text: str) -> list[tuple[str, int]]:
             continue
         host, sep, port = item.rpartition(":")
         if not sep or not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError(f"namesrvAddr: {item!r} is not HOST:PORT (name servers are separated by ';')")
+            raise ConfigError(f"{key}: {item!r} is not HOST:PORT (addresses are separated by ';')")
         addrs.append((host.strip("[]"), int(port)))
     return addrs
 

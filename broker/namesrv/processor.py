@@ -21,6 +21,7 @@ from ..names import check_broker_name, check_topic
 from .routes import BrokerEntry, QueueData, RouteTable
 
 log = logging.getLogger(__name__)
+MAX_BROKER_ID = 1023  #: a broker group's members: 0 leads, 1..MAX_BROKER_ID follow (broker config brokerId)
 _ALL_PERMS = Perm.PRIORITY | Perm.READ | Perm.WRITE | Perm.INHERIT
 #: An address every client, tool and page shows and connects to: nothing in it may read as markup or a separator.
 _ADDR = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.\-]{1,253}):[0-9]{1,5}")
@@ -69,17 +70,19 @@ class NameServerProcessor:
         header = RegisterBrokerRequestHeader.from_ext(cmd.ext_fields)
         check_broker_name(header.brokerName, "REGISTER_BROKER: brokerName")
         check_broker_name(header.clusterName, "REGISTER_BROKER: clusterName")
-        for field, value in (("brokerAddr", header.brokerAddr), ("grpcAddr", header.grpcAddr or "127.0.0.1:1")):
+        for field, value in (("brokerAddr", header.brokerAddr), ("grpcAddr", header.grpcAddr or "127.0.0.1:1"),
+                             ("haServerAddr", header.haServerAddr or "127.0.0.1:1")):
             if not _ADDR.fullmatch(value) or not 0 < int(value.rpartition(":")[2]) < 65536:
                 raise BrokerError(ResponseCode.SYSTEM_ERROR, f"REGISTER_BROKER: {field} {value[:64]!r} is not "
                                                              f"HOST:PORT")
-        if header.brokerId != 0:
-            raise BrokerError(ResponseCode.SYSTEM_ERROR, f"REGISTER_BROKER: brokerId {header.brokerId}: only masters "
-                                                         f"(0) join, halfmq has no followers yet")
+        if not 0 <= header.brokerId <= MAX_BROKER_ID:
+            raise BrokerError(ResponseCode.SYSTEM_ERROR, f"REGISTER_BROKER: brokerId {header.brokerId} is not 0 (a "
+                                                         f"group's leader) to {MAX_BROKER_ID} (its followers)")
         topics = self._topics_of(header, cmd.body or b"")
         timeout_ms = header.heartbeatTimeoutMillis or 120_000
         entry = BrokerEntry(header.clusterName, header.brokerName, header.brokerId, header.brokerAddr, topics,
-                            grpc_addr=header.grpcAddr or "", heard_at=time.monotonic(),
+                            grpc_addr=header.grpcAddr or "", ha_addr=header.haServerAddr or "",
+                            heard_at=time.monotonic(),
                             timeout_s=max(1.0, timeout_ms / 1000), channel=channel)
         known = self.table.brokers.get((header.brokerName, header.brokerId))
         refused = self.table.register(entry)
@@ -88,8 +91,11 @@ class NameServerProcessor:
         if known is None or known.addr != entry.addr:
             log.info("broker %s (%s, cluster %s) registered with %d topics", header.brokerName, header.brokerAddr,
                      header.clusterName, len(topics))
+        # As RocketMQ's: the group leader's replication and broker addresses, where its followers find it.
+        leader = self.table.leader(header.brokerName)
         return cmd.response(ResponseCode.SUCCESS, ext_fields=RegisterBrokerResponseHeader(
-            haServerAddr="", masterAddr=header.brokerAddr).to_ext())
+            haServerAddr=leader.ha_addr if leader is not None else "",
+            masterAddr=leader.addr if leader is not None else "").to_ext())
 
     def _topics_of(self, header: RegisterBrokerRequestHeader, body: bytes) -> dict[str, QueueData]:
         """The registration's topics (RegisterBrokerBody.topicConfigSerializeWrapper.topicConfigTable)."""

@@ -53,8 +53,11 @@ def registration_body(topics) -> bytes:
 class Registrar:
     """Keeps this broker registered with every name server of ``namesrvAddr``."""
 
-    def __init__(self, config, topics, broker_addr: str, grpc_addr: str = ""):
+    def __init__(self, config, topics, broker_addr: str, grpc_addr: str = "", member=None):
         self.config = config
+        self.member = member  #: the broker's place in its group (replication/member.py): the id it registers
+        #: the replication address of this group's leader, as the last name server to answer knows it
+        self.leader_ha_addr: str | None = None
         self.topics = topics
         self.broker_addr = broker_addr
         self.grpc_addr = grpc_addr
@@ -90,9 +93,11 @@ class Registrar:
     async def _register(self, link: NamesrvLink) -> None:
         cfg = self.config
         body = registration_body(self.topics)
+        member = self.member
         header = RegisterBrokerRequestHeader(
             brokerName=cfg.brokerName, brokerAddr=self.broker_addr, clusterName=cfg.brokerClusterName,
-            haServerAddr="", brokerId=cfg.brokerId, heartbeatTimeoutMillis=cfg.brokerNotActiveTimeoutMillis,
+            haServerAddr=member.ha_addr if member is not None else "", brokerId=self.broker_id,
+            heartbeatTimeoutMillis=cfg.brokerNotActiveTimeoutMillis,
             compressed=False, bodyCrc32=zlib.crc32(body) & 0x7FFFFFFF, grpcAddr=self.grpc_addr or None)
         cmd = signed(RemotingCommand(RequestCode.REGISTER_BROKER, ext_fields=header.to_ext(), body=body), cfg)
         try:
@@ -103,12 +108,18 @@ class Registrar:
             self.registered[link.addr] = False
             return
         ok = answer.code == ResponseCode.SUCCESS
+        if ok and answer.ext_fields.get("haServerAddr"):
+            self.leader_ha_addr = answer.ext_fields["haServerAddr"]
         if not ok:
             log.error("name server %s refused this broker's registration: code %d %s", link.addr, answer.code,
                       answer.remark)
         elif not self.registered[link.addr]:
             log.info("registered with name server %s", link.addr)
         self.registered[link.addr] = ok
+
+    @property
+    def broker_id(self) -> int:
+        return self.member.broker_id if self.member is not None else self.config.brokerId
 
     async def stop(self) -> None:
         """Unregisters (routes drop this broker at once, not after the name servers' timeout) and closes."""
@@ -117,7 +128,7 @@ class Registrar:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         cfg = self.config
         header = UnregisterBrokerRequestHeader(brokerName=cfg.brokerName, brokerAddr=self.broker_addr,
-                                               clusterName=cfg.brokerClusterName, brokerId=cfg.brokerId)
+                                               clusterName=cfg.brokerClusterName, brokerId=self.broker_id)
 
         async def leave(link: NamesrvLink) -> None:
             cmd = signed(RemotingCommand(RequestCode.UNREGISTER_BROKER, ext_fields=header.to_ext()), cfg)

@@ -35,6 +35,7 @@ class BrokerEntry:
     addr: str
     topics: Mapping[str, QueueData]
     grpc_addr: str = ""
+    ha_addr: str = ""  #: its replication port (a broker group's followers learn their leader's here)
     #: monotonic time of the last registration; None: registered in-process, never expires
     heard_at: float | None = None
     timeout_s: float = 120.0
@@ -108,12 +109,17 @@ class RouteTable:
             data["grpcAddrs"] = grpc
         return data
 
+    def leader(self, broker_name: str) -> BrokerEntry | None:
+        """A broker group's leader (brokerId 0), if registered."""
+        return self.brokers.get((broker_name, 0))
+
     def route(self, topic: str) -> dict | None:
-        """TopicRouteData of ``topic``: the queues of every broker group whose master holds it; None: no broker."""
+        """TopicRouteData of ``topic``: the queues of every broker group whose leader holds it (a group whose leader
+        is gone: its followers', so consumers go on reading from them); None: no broker."""
         queue_datas, broker_datas = [], []
         for name, members in sorted(self._masters().items()):
-            master = next((m for m in members if m.broker_id == 0), None)
-            queues = master.topics.get(topic) if master is not None else None
+            holder = min(members, key=lambda m: m.broker_id)
+            queues = holder.topics.get(topic)
             if queues is None:
                 continue
             queue_datas.append(queues.as_json(name))

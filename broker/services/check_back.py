@@ -85,6 +85,10 @@ class CheckBackService:
 
     async def stop(self) -> None:
         self._stopped = True
+        for listeners, listener in ((self.states.on_due, self.schedule_at),
+                                    (self.ctx.producers.register_listeners, self.producer_registered)):
+            if listener in listeners:  # a broker that stops leading keeps its registries
+                listeners.remove(listener)
         if self._timer is not None:
             self._timer.cancel()
         tasks = [t for t in (self._task, *self._side_tasks) if t is not None]

@@ -121,7 +121,7 @@ def _registration(name="b-x", broker_id=0, body: bytes | None = None, **extra) -
 
 @pytest.mark.parametrize("case, needle", [
     ("malformed", "malformed body"),
-    ("follower", "brokerId 1"),
+    ("bad_id", "brokerId 1024"),
     ("compressed", "compressed"),
     ("too_many_topics", "namesrvMaxTopicsPerBroker"),
     ("bad_crc", "bodyCrc32"),
@@ -137,7 +137,7 @@ async def test_bad_registrations_are_refused_with_a_reason(case, needle):
         table = {f"T{i}": {"readQueueNums": 1, "writeQueueNums": 1, "perm": 6} for i in range(4)}
         ext, body = {
             "malformed": lambda: _registration(body=b"{not json"),
-            "follower": lambda: _registration(broker_id=1),
+            "bad_id": lambda: _registration(broker_id=1024),
             "compressed": lambda: _registration(compressed="true"),
             "too_many_topics": lambda: _registration(body=json.dumps(
                 {"topicConfigSerializeWrapper": {"topicConfigTable": table}}).encode()),

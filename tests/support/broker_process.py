@@ -26,6 +26,7 @@ class BrokerProcess:
     def __init__(self, store_dir, *flags: str):
         self.args = [sys.executable, "-m", "halfmq.broker.cli", "broker", "--bindAddress=127.0.0.1",
                      "--listenPort=0", "--namesrvListenPort=0", "--metricsPromExporterPort=-1", "--grpcListenPort=-1", "--dashboardPort=-1",
+                     "--haListenPort=0",
                      f"--storePathRootDir={store_dir}", *flags]
         self.proc: asyncio.subprocess.Process | None = None
         self.pgid: int | None = None

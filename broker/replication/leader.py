@@ -1,0 +1,356 @@
+"""A broker group's leader: it ships every record its writer makes to its followers and answers a write only once
+every member of the in-sync set has it durable.
+
+The gate (store/link.py ``ReplicationGate``). The writer hands over each commit's record once it is durable here
+(``durable``); the leader keeps it in a ring of recent records (``RING_BYTES``) and streams it to every follower.
+``committed`` is the last sequence durable on the leader and on every in-sync follower: the store publishes a group
+(answers, queue bounds readers see) only up to it, so nothing is answered, or read, before every in-sync copy has
+it. While the in-sync set has fewer than ``minInSyncReplicas`` members, writes are refused before they are stored
+and the groups waiting for copies fail (``ReplicationError``: SERVICE_NOT_AVAILABLE, which a producer retries
+elsewhere; never a "stored on one copy" success).
+
+The in-sync set. The leader counts itself. A follower joins once it has acknowledged everything durable here,
+and leaves when the oldest record it has not acknowledged is older than ``haMaxLagMillis`` (or its link closes).
+A follower that ever joined is recorded in the store (``MEMBERS_KEY``, replicated like everything else), so the
+group knows it has followers: ``minInSyncReplicas`` 0 means 2 then, 1 before.
+
+Catch-up. A follower whose records are a prefix of the leader's and whose next record is still in the ring is
+streamed from there; any other (an empty store, one far behind, one holding an unacknowledged tail of an older
+epoch) first receives a snapshot (``MessageStore.snapshot``: a consistent copy taken while writes go on), which
+replaces its store, and then the stream from the snapshot's sequence.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+from halfmq.store import ReplicationError
+from halfmq.store.ops import PutMeta
+from halfmq.store.redo import is_prefix
+
+from . import wire
+
+log = logging.getLogger(__name__)
+RING_BYTES = 256 << 20        #: recent records kept for followers that are behind (older ones: a snapshot)
+MEMBERS_KEY = "repl.members"  #: meta: the ids of the followers that were ever in sync
+HIGH_WATER = 8 << 20          #: bytes queued to a follower's socket before records wait for its acknowledgements
+
+
+@dataclass
+class FollowerSession:
+    """One follower's link as the leader sees it."""
+
+    channel: object
+    broker_id: int
+    addr: str
+    next_seq: int                #: the next record to send
+    acked: int = 0               #: the last record it has durable
+    in_sync: bool = False
+    snapshot_path: str | None = None
+    snapshot_sent: int = 0       #: snapshot bytes sent
+    snapshot_acked: int = 0
+    snapshot_size: int = 0
+    snapshot_position: tuple[int, int] = (0, 0)
+    ha_addr: str = ""            #: where it serves the replication port once it leads
+    connected_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def streaming(self) -> bool:
+        return self.snapshot_path is None and self.snapshot_size == 0
+
+
+class ReplicationLeader:
+    """The leader's side of the replication link, and the store's gate while it leads."""
+
+    def __init__(self, ctx, epoch: int):
+        self.ctx = ctx
+        self.store = ctx.store
+        self.config = ctx.config
+        self.epoch = epoch
+        epoch_now, seq = self.store.position
+        self.local = seq                     #: the last record durable here
+        self.committed = seq                 #: the last record durable on every in-sync member
+        self.ring: collections.deque = collections.deque()  # (seq, epoch, payload, durable at)
+        self.ring_bytes = 0
+        self.sessions: dict[int, FollowerSession] = {}      # broker id -> session
+        self.members: set[int] = set(self.store.get_meta(MEMBERS_KEY) or ())
+        self.refusal: str | None = None      #: why writes are refused besides the in-sync set (a switchover)
+        self._notify = False
+        self._progress: asyncio.Future | None = None
+        self._lag_task: asyncio.Task | None = None
+        self._snapshots = os.path.join(self.config.storePathRootDir, "repl-snapshots")
+
+    # --- lifecycle ---
+    def start(self) -> None:
+        self.store.set_gate(self)
+        self.store.write_refusal = self.write_refusal
+        self._lag_task = asyncio.get_running_loop().create_task(self._watch_lag(), name="replication-lag")
+
+    async def stop(self) -> None:
+        if self._lag_task is not None:
+            self._lag_task.cancel()
+            await asyncio.gather(self._lag_task, return_exceptions=True)
+        for session in list(self.sessions.values()):
+            session.channel.close()
+            self._drop_snapshot(session)
+        self.sessions.clear()
+        if self.store.write_refusal == self.write_refusal:
+            self.store.write_refusal = None
+
+    # --- the in-sync set ---
+    @property
+    def min_in_sync(self) -> int:
+        configured = self.config.minInSyncReplicas
+        return configured if configured > 0 else (2 if self.members else 1)
+
+    def in_sync(self) -> list[int]:
+        """The in-sync set: the leader's id (0) and its in-sync followers'."""
+        return [0] + sorted(s.broker_id for s in self.sessions.values() if s.in_sync)
+
+    def write_refusal(self) -> Exception | None:
+        if self.refusal is not None:
+            return ReplicationError(self.refusal)
+        isr = self.in_sync()
+        if len(isr) < self.min_in_sync:
+            return ReplicationError(self._short(isr))
+        return None
+
+    def _short(self, isr: list[int]) -> str:
+        return (f"not enough in-sync replicas in broker group {self.config.brokerName}: {len(isr)} of "
+                f"minInSyncReplicas {self.min_in_sync} (in sync: {isr}); nothing was stored, retry later or "
+                f"elsewhere")
+
+    # --- the store's gate ---
+    def durable(self, seq: int, records: list) -> None:
+        now = time.monotonic()
+        for epoch, rseq, payload in records:
+            self.ring.append((rseq, epoch, payload, now))
+            self.ring_bytes += len(payload)
+        while self.ring_bytes > RING_BYTES and len(self.ring) > 1:
+            self.ring_bytes -= len(self.ring.popleft()[2])
+        self.local = max(self.local, seq)
+        for session in self.sessions.values():
+            self._pump(session)
+        self._advance()
+
+    async def progress(self, timeout: float = 1.0) -> None:
+        """Wait for the next record made durable here or acknowledged by a follower (at most ``timeout``)."""
+        if self._progress is None or self._progress.done():
+            self._progress = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._progress), timeout)
+        except asyncio.TimeoutError:
+            pass
+
+    def _advance(self) -> None:
+        if self._progress is not None and not self._progress.done():
+            self._progress.set_result(None)
+        isr = self.in_sync()
+        if len(isr) < self.min_in_sync:
+            # Durable here, not known to be on enough copies: not acknowledged (and not shown to readers).
+            self.store.link.fail_held(ReplicationError(
+                self._short(isr).replace("nothing was stored", "the write may be stored")))
+            return
+        committed = min([self.local] + [s.acked for s in self.sessions.values() if s.in_sync])
+        if committed > self.committed:
+            self.committed = committed
+            self.store.link.release()
+            self._notify_soon()
+
+    def _notify_soon(self) -> None:
+        """Followers learn the committed sequence once per loop iteration (what their readers may see)."""
+        if not self._notify:
+            self._notify = True
+            asyncio.get_running_loop().call_soon(self._send_commit)
+
+    def _send_commit(self) -> None:
+        self._notify = False
+        for session in self.sessions.values():
+            if session.streaming:
+                session.channel.send_request(wire.records([], self.committed))
+
+    # --- followers ---
+    def follow(self, channel, broker_id: int, addr: str, ha_addr: str, epoch: int, seq: int) -> dict:
+        """A follower asks to follow: where its stream starts (the answer's fields)."""
+        old = self.sessions.get(broker_id)
+        if old is not None and old.channel is not channel:
+            log.info("follower %d (%s) connected again; its earlier link is closed", broker_id, addr)
+            self._forget(old)
+            old.channel.close()
+        epochs = self.store.epochs
+        first = self.ring[0][0] if self.ring else self.local + 1
+        if epoch > self.epoch or (epoch == self.epoch and seq > self.local):
+            # It holds records this leader does not: this leader is stale (a store restored or deleted).
+            self.refusal = (f"follower {broker_id} ({addr}) holds records up to ({epoch}, {seq}), this leader only "
+                            f"up to ({self.epoch}, {self.local}): switch the leadership to it")
+            log.error("%s; writes are refused", self.refusal)
+            raise ReplicationError(self.refusal)
+        session = FollowerSession(channel, broker_id, addr, next_seq=seq + 1, acked=seq, ha_addr=ha_addr)
+        self.sessions[broker_id] = session
+        if is_prefix(epochs, self.local, epoch, seq) and seq + 1 >= first:
+            log.info("follower %d (%s) follows from record %d", broker_id, addr, seq + 1)
+            self._join(session)
+            asyncio.get_running_loop().call_soon(self._pump, session)
+            answer = {"from": str(seq + 1)}
+        else:
+            log.info("follower %d (%s) at (%d, %d) gets a snapshot first", broker_id, addr, epoch, seq)
+            session.acked = 0
+            session.snapshot_size = -1  # being taken
+            asyncio.get_running_loop().create_task(self._snapshot(session))
+            answer = {"snapshot": "1"}
+        answer.update(epoch=str(self.epoch), commit=str(self.committed))
+        return answer
+
+    def acked(self, channel, seq: int | None, snapshot: int | None) -> None:
+        session = self._session(channel)
+        if session is None:
+            return
+        if snapshot is not None:
+            session.snapshot_acked = snapshot
+            self._send_snapshot(session)
+            return
+        session.acked = max(session.acked, seq)
+        self._join(session)
+        self._pump(session)
+        self._advance()
+
+    def _join(self, session: FollowerSession) -> None:
+        """A follower holding everything committed joins the in-sync set: from now on it is waited for."""
+        if session.in_sync or not session.streaming or session.acked < self.committed:
+            return
+        session.in_sync = True
+        log.info("follower %d (%s) is in sync at record %d", session.broker_id, session.addr, session.acked)
+        if session.broker_id not in self.members:
+            self.members.add(session.broker_id)
+            self.store.submit(PutMeta(MEMBERS_KEY, sorted(self.members)))
+
+    def channel_closed(self, channel) -> None:
+        session = self._session(channel)
+        if session is not None:
+            log.warning("follower %d (%s) disconnected", session.broker_id, session.addr)
+            self._forget(session)
+            self._advance()
+
+    def _session(self, channel) -> FollowerSession | None:
+        for session in self.sessions.values():
+            if session.channel is channel:
+                return session
+        return None
+
+    def _forget(self, session: FollowerSession) -> None:
+        if self.sessions.get(session.broker_id) is session:
+            del self.sessions[session.broker_id]
+        self._drop_snapshot(session)
+
+    def _pump(self, session: FollowerSession) -> None:
+        """Send the records the follower lacks, while its socket takes them."""
+        if not session.streaming or not session.channel.writable:
+            return
+        ring = self.ring
+        while session.next_seq <= self.local and session.channel.unread_bytes < HIGH_WATER:
+            if not ring or session.next_seq < ring[0][0]:
+                log.warning("follower %d (%s) fell behind the kept records (next %d, oldest kept %s); it will "
+                            "resync from a snapshot", session.broker_id, session.addr, session.next_seq,
+                            ring[0][0] if ring else "-")
+                session.channel.close()
+                return
+            start = session.next_seq - ring[0][0]
+            batch, size = [], 0
+            for index in range(start, len(ring)):
+                rseq, epoch, payload, _at = ring[index]
+                batch.append((epoch, rseq, payload))
+                size += len(payload)
+                if size >= wire.RECORDS_BATCH_BYTES:
+                    break
+            session.channel.send_request(wire.records(batch, self.committed))
+            session.next_seq = batch[-1][1] + 1
+
+    async def _watch_lag(self) -> None:
+        """Followers that stopped keeping up leave the in-sync set."""
+        period = max(self.config.haMaxLagMillis / 4000, 0.05)
+        while True:
+            await asyncio.sleep(period)
+            self.check_lag()
+
+    def check_lag(self) -> None:
+        limit = self.config.haMaxLagMillis / 1000
+        now = time.monotonic()
+        for session in self.sessions.values():
+            if session.in_sync and self.lag_seconds(session, now) > limit:
+                session.in_sync = False
+                log.warning("follower %d (%s) left the in-sync set: record %d is unacknowledged for over %d ms",
+                            session.broker_id, session.addr, session.acked + 1, self.config.haMaxLagMillis)
+        self._advance()
+
+    def lag_seconds(self, session: FollowerSession, now: float | None = None) -> float:
+        """How long the oldest record the follower has not acknowledged has been durable here (0: none)."""
+        if session.acked >= self.local or not self.ring:
+            return 0.0
+        index = session.acked + 1 - self.ring[0][0]
+        if index < 0:
+            return float("inf")
+        return (now or time.monotonic()) - self.ring[min(index, len(self.ring) - 1)][3]
+
+    # --- snapshots ---
+    async def _snapshot(self, session: FollowerSession) -> None:
+        os.makedirs(self._snapshots, exist_ok=True)
+        path = os.path.join(self._snapshots, f"follower-{session.broker_id}-{id(session)}.mdb")
+        session.snapshot_path = path
+        try:
+            position = await asyncio.get_running_loop().run_in_executor(None, self.store.snapshot, path)
+        except Exception:
+            log.exception("snapshot for follower %d failed", session.broker_id)
+            self._drop_snapshot(session)
+            session.channel.close()
+            return
+        if self.sessions.get(session.broker_id) is not session:
+            self._drop_snapshot(session)
+            return
+        session.snapshot_position = position
+        session.snapshot_size = os.path.getsize(path)
+        session.next_seq = position[1] + 1
+        session.acked = position[1]
+        log.info("snapshot for follower %d: %d bytes at record %d", session.broker_id, session.snapshot_size,
+                 position[1])
+        self._send_snapshot(session)
+
+    def _send_snapshot(self, session: FollowerSession) -> None:
+        if session.snapshot_path is None or session.snapshot_size <= 0:
+            return
+        with open(session.snapshot_path, "rb") as snapshot:
+            while (session.snapshot_sent < session.snapshot_size and session.snapshot_sent - session.snapshot_acked
+                   < wire.SNAPSHOT_WINDOW * wire.SNAPSHOT_PIECE):
+                snapshot.seek(session.snapshot_sent)
+                piece = snapshot.read(wire.SNAPSHOT_PIECE)
+                end = session.snapshot_sent + len(piece)
+                last = session.snapshot_position if end >= session.snapshot_size else None
+                session.channel.send_request(wire.snapshot_piece(session.snapshot_sent, piece, last))
+                session.snapshot_sent = end
+        if session.snapshot_acked >= session.snapshot_size:
+            # Installed: the stream goes on from the snapshot's record.
+            self._drop_snapshot(session)
+            session.snapshot_size = 0
+            self._pump(session)
+
+    def _drop_snapshot(self, session: FollowerSession) -> None:
+        if session.snapshot_path is not None:
+            try:
+                os.unlink(session.snapshot_path)
+            except FileNotFoundError:
+                pass
+            session.snapshot_path = None
+
+    # --- status ---
+    def status(self) -> dict:
+        now = time.monotonic()
+        return {"role": "leader", "epoch": self.epoch, "seq": self.local, "committed": self.committed,
+                "minInSyncReplicas": self.min_in_sync, "inSync": self.in_sync(),
+                "members": sorted(self.members),
+                "followers": [{"brokerId": s.broker_id, "addr": s.addr, "acked": s.acked, "inSync": s.in_sync,
+                               "lagMillis": int(1000 * min(self.lag_seconds(s, now), 1e9)),
+                               "behind": self.local - s.acked, "snapshot": not s.streaming}
+                              for s in sorted(self.sessions.values(), key=lambda s: s.broker_id)]}

@@ -1,0 +1,246 @@
+"""A broker's place in its broker group: leader or follower, and the switch between the two.
+
+A group is the brokers sharing ``brokerClusterName`` and ``brokerName``, each with its own store. Roles are static
+here: ``brokerId`` 0 leads, any other id follows, until a planned switchover (``halfmq admin switchLeader``) hands
+the leadership to a follower; each side then records its new role beside its store (``ROLE_FILE``: the id it is
+shown under and the leader it follows), so a restart keeps it. Routes show the leader as brokerId 0, and the member
+that handed over its leadership takes the id of the one that took it.
+
+Replication is on for a broker with ``haListenPort`` >= 0 that is part of a group: one with ``namesrvAddr``,
+``haMasterAddress`` or a ``brokerId`` above 0. A broker alone is unchanged: no port, no records, no gate.
+
+Leading: the writer numbers every write in the leader's epoch (one more than any its store saw), a
+``ReplicationLeader`` gates answers on the in-sync set, and ``LeaderServices`` (check-backs, delays, timers,
+retention) run. Following: a ``ReplicationFollower`` applies the leader's records, and none of those services run.
+Taking over is the restart path: the follower's link stops, the writer leads at the new epoch, the services start
+fresh from the store as after a kill -9.
+
+Switchover (``switch``, on the leader): writes are refused from then on (SERVICE_NOT_AVAILABLE: producers retry,
+nothing is answered by two leaders), the target must acknowledge every record this leader holds, then it is told
+to lead at the next epoch (HALFMQ_REPL_PROMOTE); once it answers, this broker follows it. A target that does not
+catch up within ``SWITCH_TIMEOUT_S`` leaves everything as it was.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+
+from halfmq.protocol.codes import RequestCode, ResponseCode
+from halfmq.protocol.command import RemotingCommand
+
+from ..errors import BrokerError, Failure
+from ..services.leading import LeaderServices
+from . import wire
+from .follower import ReplicationFollower
+from .leader import ReplicationLeader
+
+log = logging.getLogger(__name__)
+ROLE_FILE = "replication.json"
+SWITCH_TIMEOUT_S = 30.0
+
+
+def replicated(config) -> bool:
+    return config.haListenPort >= 0 and bool(config.namesrvAddr or config.haMasterAddress or config.brokerId > 0)
+
+
+class GroupMember:
+    """Owns the broker's role. ``broker_id`` is the id routes show (0 while leading)."""
+
+    def __init__(self, ctx, services: LeaderServices, find_leader=None, on_role_change=None):
+        self.ctx = ctx
+        self.config = ctx.config
+        self.services = services
+        self.find_leader = find_leader          #: async () -> the leader's HA address known to the name servers
+        self.on_role_change = on_role_change    #: called after the role changed (the broker registers again)
+        self.enabled = replicated(ctx.config)
+        self.ha_addr = ""                       #: this member's replication address, once listening
+        self.leader: ReplicationLeader | None = None
+        self.follower: ReplicationFollower | None = None
+        self._role_path = os.path.join(self.config.storePathRootDir, ROLE_FILE)
+        saved = self._saved_role()
+        self.broker_id: int = saved.get("brokerId", self.config.brokerId) if self.enabled else self.config.brokerId
+        self.leader_ha_addr: str = saved.get("leader", "") or self.config.haMasterAddress
+        self._switching = asyncio.Lock()
+
+    @property
+    def leading(self) -> bool:
+        return self.broker_id == 0
+
+    # --- lifecycle ---
+    async def start(self) -> None:
+        if self.enabled and self.leading:
+            await self._lead(self._next_epoch())
+        elif self.enabled:
+            self._follow()
+        else:
+            self.services.start()
+
+    async def stop(self) -> None:
+        await self.services.stop()
+        if self.leader is not None:
+            await self.leader.stop()
+            self.leader = None
+        if self.follower is not None:
+            await self.follower.stop()
+            self.follower = None
+
+    def _next_epoch(self) -> int:
+        epochs = self.ctx.store.epochs
+        return (epochs[-1][0] if epochs else 0) + 1
+
+    async def _lead(self, epoch: int) -> None:
+        store = self.ctx.store
+        await store.lead(epoch)
+        self.leader = ReplicationLeader(self.ctx, epoch)
+        self.leader.start()
+        self.ctx.metrics.load_pending()
+        self.services.start()
+        log.info("leading broker group %s at epoch %d (record %d)", self.config.brokerName, epoch,
+                 store.position[1])
+
+    def _follow(self) -> None:
+        self.follower = ReplicationFollower(self.ctx, self.leader_ha_addr or None, find_leader=self.find_leader,
+                                            on_promote=self._promoted, broker_id=self.broker_id,
+                                            ha_addr=self.ha_addr)
+        self.follower.start()
+        log.info("following the leader of broker group %s (%s) as brokerId %d", self.config.brokerName,
+                 self.leader_ha_addr or "from the name servers", self.broker_id)
+
+    # --- the replication port's requests (the leader serves them) ---
+    def register(self, dispatcher) -> None:
+        dispatcher.register(RequestCode.HALFMQ_REPL_FOLLOW, self._follow_request)
+        dispatcher.register(RequestCode.HALFMQ_REPL_ACK, self._ack)
+        dispatcher.register(RequestCode.HALFMQ_REPL_OFFSETS, self._offsets)
+        dispatcher.on_channel_closed(self._closed)
+
+    def _follow_request(self, channel, cmd: RemotingCommand) -> RemotingCommand:
+        ext = cmd.ext_fields
+        cfg = self.config
+        if ext.get("clusterName") != cfg.brokerClusterName or ext.get("brokerName") != cfg.brokerName:
+            log.warning("refused a follower from %s: it belongs to %s/%s, not to this group %s/%s", channel.remote,
+                        ext.get("clusterName"), ext.get("brokerName"), cfg.brokerClusterName, cfg.brokerName)
+            raise BrokerError(Failure.FORBIDDEN, f"this is broker group {cfg.brokerClusterName}/{cfg.brokerName}")
+        if self.leader is None:
+            raise BrokerError(ResponseCode.SERVICE_NOT_AVAILABLE,
+                              f"this broker does not lead its group; its leader is {self.leader_ha_addr or 'unknown'}")
+        try:
+            broker_id, epoch, seq = int(ext["brokerId"]), int(ext["epoch"]), int(ext["seq"])
+        except (KeyError, ValueError):
+            raise BrokerError(Failure.BAD_REQUEST, "HALFMQ_REPL_FOLLOW needs brokerId, epoch and seq") from None
+        if broker_id <= 0:
+            raise BrokerError(Failure.BAD_REQUEST, f"a follower's brokerId is above 0, not {broker_id}")
+        answer = self.leader.follow(channel, broker_id, ext.get("brokerAddr", channel.remote), ext.get("haAddr", ""),
+                                    epoch, seq)
+        return cmd.response(ResponseCode.SUCCESS, None, answer)
+
+    def _ack(self, channel, cmd: RemotingCommand) -> None:
+        if self.leader is not None:
+            ext = cmd.ext_fields
+            seq, snapshot = ext.get("seq"), ext.get("snapshot")
+            self.leader.acked(channel, int(seq) if seq is not None else None,
+                              int(snapshot) if snapshot is not None else None)
+
+    def _offsets(self, channel, cmd: RemotingCommand) -> None:
+        if self.leader is not None and self.leader._session(channel) is not None:
+            for (group, topic, queue_id), offset in wire.read_offsets(cmd).items():
+                self.ctx.offsets.commit(group, topic, queue_id, offset)
+
+    def _closed(self, channel) -> None:
+        if self.leader is not None:
+            self.leader.channel_closed(channel)
+
+    # --- switchover ---
+    async def switch(self, target_id: int) -> dict:
+        """Hand the leadership to follower ``target_id`` (admin: HALFMQ_SWITCH_LEADER); returns once this broker
+        follows it."""
+        if self.leader is None:
+            raise BrokerError(Failure.BAD_REQUEST, "this broker does not lead its group: send switchLeader to the "
+                                                   "leader")
+        async with self._switching:
+            leader = self.leader
+            session = leader.sessions.get(target_id)
+            if session is None or not session.streaming or not session.ha_addr:
+                raise BrokerError(Failure.BAD_REQUEST, f"follower {target_id} is not connected and streaming")
+            leader.refusal = f"broker group {self.config.brokerName} is handing its leadership to {session.addr}"
+            try:
+                await self._wait_caught_up(session)
+            except BaseException:
+                leader.refusal = None
+                raise
+            epoch = leader.epoch + 1
+            # The target checks it holds every record up to ``seq``, then leads at ``epoch``; this broker follows.
+            session.channel.send_request(wire.promote(epoch, leader.local))
+            session.channel.flush()
+            await self._demote(session.broker_id, session.ha_addr)
+            return {"leader": session.addr, "epoch": epoch}
+
+    async def _wait_caught_up(self, session) -> None:
+        leader = self.leader
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SWITCH_TIMEOUT_S
+        # Groups handed to the writer before the refusal: the last one's record must be durable and acknowledged.
+        while leader.store.link.waiting or session.acked < leader.local:
+            if loop.time() > deadline:
+                raise BrokerError(ResponseCode.SYSTEM_ERROR, f"follower {session.broker_id} did not catch up within "
+                                                             f"{SWITCH_TIMEOUT_S:.0f} s; the leadership stays here")
+            await leader.progress()
+
+    async def _demote(self, new_id: int, leader_ha_addr: str) -> None:
+        await self.services.stop()
+        leader, self.leader = self.leader, None
+        await leader.stop()
+        self._save_role(new_id, leader_ha_addr)
+        self.broker_id = new_id
+        self.leader_ha_addr = leader_ha_addr
+        self.ctx.store.set_gate(None)
+        self._follow()
+        log.info("handed the leadership of %s to %s; following it as brokerId %d", self.config.brokerName,
+                 leader_ha_addr, new_id)
+        if self.on_role_change is not None:
+            await self.on_role_change()
+
+    async def _promoted(self, epoch: int, seq: int) -> None:
+        """The leader handed over its leadership (HALFMQ_REPL_PROMOTE): lead at ``epoch`` from now on, once every
+        record up to ``seq`` is durable here."""
+        follower, self.follower = self.follower, None
+        if follower is None:
+            return
+        await follower.stop()
+        if self.ctx.store.position[1] < seq:
+            log.error("refused the leadership: this store holds records up to %d, the leader had %d",
+                      self.ctx.store.position[1], seq)
+            self._follow()
+            return
+        self._save_role(0, "")
+        self.broker_id = 0
+        self.leader_ha_addr = ""
+        self.ctx.store.set_gate(None)
+        await self._lead(epoch)
+        if self.on_role_change is not None:
+            await self.on_role_change()
+
+    # --- the role file ---
+    def _saved_role(self) -> dict:
+        try:
+            with open(self._role_path) as file:
+                return json.load(file)
+        except FileNotFoundError:
+            return {}
+
+    def _save_role(self, broker_id: int, leader_ha_addr: str) -> None:
+        temp = self._role_path + ".tmp"
+        with open(temp, "w") as file:
+            json.dump({"brokerId": broker_id, "leader": leader_ha_addr}, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temp, self._role_path)
+
+    # --- status ---
+    def status(self) -> dict:
+        if not self.enabled:
+            return {"role": "standalone", "brokerId": self.broker_id}
+        part = self.leader.status() if self.leader is not None else \
+            self.follower.status() if self.follower is not None else {"role": "stopped"}
+        return {"brokerId": self.broker_id, "haAddr": self.ha_addr, **part}

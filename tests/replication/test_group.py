@@ -1,0 +1,192 @@
+"""A broker group in one process: a name server, a leader and followers (real brokers on loopback port 0, real
+stores and writer processes, real sockets, halfmq's client). Roles, the in-sync set, refusals, catch-up,
+switchover; the multi-process faults are in test_group_faults.py."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from halfmq.broker.namesrv.config import NamesrvConfig
+from halfmq.broker.namesrv.server import NameServer
+from halfmq.client import Message, Producer, PullConsumer
+from halfmq.client.remoting import Connection
+from halfmq.protocol.codes import RequestCode, ResponseCode
+from halfmq.protocol.message import decode_record
+
+TOPIC = "Replicated"
+
+
+async def until(check, timeout: float, what: str) -> None:
+    """Polls ``check`` until it is true, or fails naming ``what``: a group's members change state in answer to
+    each other over sockets, which gives this test no event to wait on."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not check():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for: {what}")
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+async def namesrv():
+    server = NameServer(NamesrvConfig(bindAddress="127.0.0.1", listenPort=0))
+    await server.start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+def group(broker_factory, namesrv, tmp_path):
+    """``await group(n)``: a leader and n-1 followers of broker group "g" (brokers[i] has brokerId i)."""
+
+    async def start(size: int = 3, **config):
+        brokers = []
+        for broker_id in range(size):
+            brokers.append(await member(broker_id, **config))
+        await until(lambda: all(_status(b)["role"] == "follower" and _status(b)["connected"] for b in brokers[1:]),
+                    20, "followers connected")
+        return brokers
+
+    async def member(broker_id: int, **config):
+        return await broker_factory(store_dir=tmp_path / f"member-{broker_id}", brokerName="g", brokerId=broker_id,
+                                    namesrvAddr=namesrv.addr, registerNameServerPeriod=200,
+                                    **{"namesrvListenPort": -1, **config})
+
+    start.member = member
+    return start
+
+
+def _status(broker) -> dict:
+    return broker.member.status()
+
+
+async def _admin(broker, code: int, **ext) -> dict:
+    conn = await Connection.open(broker.addr)
+    try:
+        answer = await conn.request(code, {k: str(v) for k, v in ext.items()}, timeout=40)
+    finally:
+        await conn.close()
+    assert answer.code == ResponseCode.SUCCESS, answer.remark
+    return json.loads(answer.body)
+
+
+def _bodies(broker, topic=TOPIC) -> list[bytes]:
+    store = broker.store
+    out = []
+    for queue_id in store.queue_ids(topic):
+        offset = store.min_offset(topic, queue_id)
+        while offset < store.max_offset(topic, queue_id):
+            records, offset = store.read_queue(topic, queue_id, offset, 1000, None, 1 << 30)
+            out += [decode_record(record).body for record in records]
+    return sorted(out)
+
+
+async def test_every_acknowledged_send_is_on_every_in_sync_member_and_followers_serve_reads(group, namesrv):
+    brokers = await group(3)
+    leader = brokers[0]
+    async with Producer("PG_REPL", namesrv.addr) as producer:
+        sent = [f"m{i}".encode() for i in range(200)]
+        results = await asyncio.gather(*(producer.send(Message(TOPIC, body)) for body in sent))
+    assert {r.queue.broker_name for r in results} == {"g"}
+    # Acknowledged means durable on every in-sync member: the followers hold them at once.
+    status = await _admin(leader, RequestCode.HALFMQ_GET_REPLICATION)
+    assert status["role"] == "leader" and status["inSync"] == [0, 1, 2], status
+    for broker in brokers:
+        assert _bodies(broker) == sorted(sent)
+    # A follower serves pulls of what is committed.
+    follower_store = brokers[1].store
+    assert sum(follower_store.max_offset(TOPIC, q) for q in follower_store.queue_ids(TOPIC)) == 200
+
+
+async def test_a_follower_refuses_writes_naming_its_leader(group):
+    brokers = await group(2)
+    conn = await Connection.open(brokers[1].addr)
+    try:
+        answer = await conn.request(RequestCode.SEND_MESSAGE_V2, {
+            "a": "PG", "b": TOPIC, "c": "TBW102", "d": "4", "e": "0", "f": "0", "g": "0", "h": "0", "i": "",
+            "j": "0", "k": "false", "m": "false"}, body=b"x", timeout=10)
+    finally:
+        await conn.close()
+    assert answer.code == ResponseCode.SERVICE_NOT_AVAILABLE
+    assert "follower" in answer.remark and brokers[0].ha_addr in answer.remark
+
+
+async def test_with_too_few_in_sync_copies_sends_are_refused_then_accepted_again(group, namesrv, tmp_path):
+    brokers = await group(2, minInSyncReplicas=2, haMaxLagMillis=500)
+    async with Producer("PG_ISR", namesrv.addr, send_timeout=3.0, retry_times=0) as producer:
+        await producer.send(Message(TOPIC, b"before"))
+        await brokers[1].stop()
+        await until(lambda: _status(brokers[0])["inSync"] == [0], 10, "the follower left the in-sync set")
+        with pytest.raises(Exception) as refused:
+            await producer.send(Message(TOPIC, b"refused"))
+        assert "in-sync" in str(refused.value)
+        back = await group.member(1, minInSyncReplicas=2, haMaxLagMillis=500)
+        await until(lambda: _status(brokers[0])["inSync"] == [0, 1], 20, "the follower is back in sync")
+        await producer.send(Message(TOPIC, b"after"))
+    assert b"refused" not in _bodies(back) and b"after" in _bodies(back)
+
+
+async def test_a_follower_started_empty_catches_up_from_a_snapshot_while_sends_go_on(group, namesrv):
+    brokers = await group(1)
+    stop = asyncio.Event()
+    acked = []
+    async with Producer("PG_CATCH", namesrv.addr) as producer:
+        async def sender():
+            n = 0
+            while not stop.is_set():
+                body = f"c{n}".encode()
+                n += 1
+                await producer.send(Message(TOPIC, body))
+                acked.append(body)
+        senders = [asyncio.ensure_future(sender()) for _ in range(16)]
+        try:
+            await until(lambda: len(acked) >= 300, 30, "sends before the follower")
+            follower = await group.member(1)
+            await until(lambda: _status(brokers[0])["inSync"] == [0, 1], 30, "the new follower is in sync")
+            count = len(acked)
+            await until(lambda: len(acked) >= count + 300, 30, "sends after the follower joined")
+        finally:
+            stop.set()
+            await asyncio.gather(*senders)
+    await until(lambda: _status(follower)["seq"] == _status(brokers[0])["seq"], 10, "the follower holds all")
+    assert set(acked) <= set(_bodies(follower))
+    assert _bodies(follower) == _bodies(brokers[0])
+
+
+async def test_a_switchover_under_load_loses_nothing_and_the_old_leader_follows(group, namesrv):
+    brokers = await group(3)
+    stop = asyncio.Event()
+    acked = []
+    async with Producer("PG_SWITCH", namesrv.addr, send_timeout=3.0) as producer:
+        async def sender():
+            n = 0
+            while not stop.is_set():
+                body = f"s{n}-{id(asyncio.current_task())}".encode()
+                n += 1
+                try:
+                    await producer.send(Message(TOPIC, body))
+                except Exception:  # noqa: BLE001 - refused during the switch: retried by the next loop
+                    continue
+                acked.append(body)
+        senders = [asyncio.ensure_future(sender()) for _ in range(8)]
+        try:
+            await until(lambda: len(acked) >= 200, 30, "sends before the switchover")
+            result = await _admin(brokers[0], RequestCode.HALFMQ_SWITCH_LEADER, brokerId=1)
+            assert result["leader"] == brokers[1].addr
+            await until(lambda: _status(brokers[1])["role"] == "leader", 20, "the target leads")
+            await until(lambda: _status(brokers[0])["role"] == "follower" and _status(brokers[0])["connected"], 20,
+                        "the old leader follows")
+            count = len(acked)
+            await until(lambda: len(acked) >= count + 200, 60, "sends after the switchover")
+        finally:
+            stop.set()
+            await asyncio.gather(*senders)
+    new_leader = brokers[1]
+    assert _status(new_leader)["epoch"] == 2 and _status(brokers[0])["brokerId"] == 1
+    await until(lambda: all(_status(b)["seq"] == _status(new_leader)["seq"] for b in brokers), 10, "all caught up")
+    for broker in brokers:
+        held = _bodies(broker)
+        assert set(acked) <= set(held)
+        assert len(held) == len(set(held))  # nothing stored twice by two leaders
