@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # the services import this module: their types only for annot
 
     from .acl import AccessValidator
     from .metrics import BrokerMetrics
+    from .replication.member import GroupMember
     from .services.check_back import CheckBackService
     from .services.retention import RetentionService
     from .services.schedule import ScheduleService
@@ -52,3 +53,5 @@ class BrokerContext:
     metrics: BrokerMetrics | None = None
     #: processors ask it about the records they read (check_record)
     acl: AccessValidator | None = None
+    #: the broker's role in its broker group (broker/replication/member.py), once started
+    member: GroupMember | None = None

@@ -248,6 +248,42 @@ class _StateCollector:
         yield _histogram("rocketmq_finish_message_latency", "Seconds from storing a half message to its decision",
                          ["topic"], _S_BUCKETS, self.metrics.finish_latency, lambda key: [key])
 
+    @staticmethod
+    def _replication(ctx):
+        """A broker group member's role, records and, on the leader, each follower's (docs/replication.md)."""
+        member = ctx.member
+        if member is None or not member.enabled:
+            return
+        status = member.status()
+        yield GaugeMetricFamily("halfmq_replication_leader", "1 while this broker leads its broker group",
+                                value=int(status["role"] == "leader"))
+        yield GaugeMetricFamily("halfmq_replication_epoch", "Epoch of the last replication record held",
+                                value=status.get("epoch", 0))
+        yield GaugeMetricFamily("halfmq_replication_sequence", "Sequence of the last replication record held",
+                                value=status.get("seq", 0))
+        yield GaugeMetricFamily("halfmq_replication_committed_sequence", "Last record every in-sync member has "
+                                "durable (what is answered, and shown to readers)", value=status.get("committed", 0))
+        if status["role"] != "leader":
+            return
+        yield GaugeMetricFamily("halfmq_replication_in_sync_members", "Members in the in-sync set (the leader "
+                                "counted)", value=len(status["inSync"]))
+        yield GaugeMetricFamily("halfmq_replication_min_in_sync", "minInSyncReplicas in force",
+                                value=status["minInSyncReplicas"])
+        acked = GaugeMetricFamily("halfmq_replication_follower_acked_sequence", "Last record a follower has durable",
+                                  labels=["broker_id"])
+        lag = GaugeMetricFamily("halfmq_replication_follower_lag_seconds", "How long the oldest record a follower "
+                                "has not acknowledged has been durable on the leader", labels=["broker_id"])
+        in_sync = GaugeMetricFamily("halfmq_replication_follower_in_sync", "1 while a follower is in the in-sync set",
+                                    labels=["broker_id"])
+        for follower in status["followers"]:
+            label = [str(follower["brokerId"])]
+            acked.add_metric(label, follower["acked"])
+            lag.add_metric(label, follower["lagMillis"] / 1000)
+            in_sync.add_metric(label, int(follower["inSync"]))
+        yield acked
+        yield lag
+        yield in_sync
+
     def collect(self):
         ctx = self.metrics.ctx
         yield from self._hot_series()
@@ -280,6 +316,7 @@ class _StateCollector:
             yield CounterMetricFamily("halfmq_check_backs_poisoned", "Half messages discarded alone because no "
                                       "check could be made of them (an undecodable record, say)",
                                       value=ctx.check_back.poisoned)
+        yield from self._replication(ctx)
         half = GaugeMetricFamily("rocketmq_half_messages", "Half messages not yet decided", labels=["topic"])
         for topic, value in list(self.metrics.half_open.items()):
             half.add_metric([topic], value)

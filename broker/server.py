@@ -198,7 +198,8 @@ class Broker:
         ctx.store_host = ctx.broker_addr = f"{cfg.advertised_ip}:{self.port}"
         self.addr = format_address(server.sockets[0].getsockname())
 
-        self.member = GroupMember(ctx, services, find_leader=self._find_leader, on_role_change=self._role_changed)
+        self.member = ctx.member = GroupMember(ctx, services, find_leader=self._find_leader,
+                                               on_role_change=self._role_changed)
         for processor in (SendProcessor(ctx, self.producer), PullProcessor(ctx, self.consumer),
                           OffsetProcessor(ctx, self.consumer),
                           ClientManageProcessor(ctx), AdminProcessor(ctx), EndTransactionProcessor(ctx),

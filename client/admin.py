@@ -101,8 +101,9 @@ class Admin:
             raise error_for(resp.code, resp.remark)
         return resp
 
-    async def json_call(self, addr: str, code: int, ext: dict | None = None, body: bytes = b"") -> Any:
-        return json.loads((await self.call(addr, code, ext, body)).body or b"{}")
+    async def json_call(self, addr: str, code: int, ext: dict | None = None, body: bytes = b"",
+                        timeout: float | None = None) -> Any:
+        return json.loads((await self.call(addr, code, ext, body, timeout)).body or b"{}")
 
     async def namesrv_call(self, code: int, ext: dict | None = None, body: bytes = b""):
         """A request to the name servers: to the one that answered last, and while one is down or silent, to the
@@ -609,6 +610,46 @@ class Admin:
         return host in set((await self.broker_addrs()).values()) | {await self.broker_addr()}
 
     # --- one broker's: ``addr``, else broker_addr ---
+    async def replication(self) -> list[dict]:
+        """Every member of every broker group (of -c's cluster, or -b's group) as it reports itself
+        (HALFMQ_GET_REPLICATION): its role, epoch, last record and committed record; a leader's in-sync set, and each
+        follower's acknowledged record and lag as its leader sees them. A member that does not answer is listed
+        with the error."""
+        info = await self.cluster_info()
+        members = [(name, int(broker_id), addr) for name, data in sorted(info.get("brokerAddrTable", {}).items())
+                   for broker_id, addr in sorted(data.get("brokerAddrs", {}).items(), key=lambda kv: int(kv[0]))
+                   if self.broker in (None, name, addr)
+                   and (self.cluster is None or data.get("cluster") == self.cluster)]
+        if not members:
+            raise ClientError("the name servers know no such broker group")
+
+        async def ask(member):
+            name, broker_id, addr = member
+            try:
+                status = await self.json_call(addr, RequestCode.HALFMQ_GET_REPLICATION)
+            except ClientError as exc:
+                return {"brokerName": name, "brokerId": broker_id, "brokerAddr": addr, "error": str(exc)}
+            return {"brokerName": name, "brokerAddr": addr, **status}
+        rows = await asyncio.gather(*(ask(m) for m in members))
+        lag = {(row["brokerName"], f["brokerId"]): f for row in rows if row.get("role") == "leader"
+               for f in row.get("followers", ())}
+        for row in rows:
+            seen = lag.get((row["brokerName"], row.get("brokerId")))
+            if seen is not None:
+                row.update(inSync=seen["inSync"], lagMillis=seen["lagMillis"], behind=seen["behind"])
+            row.pop("followers", None)
+        return rows
+
+    async def switch_leader(self, broker_name: str, to: int, timeout: float = 60.0) -> dict:
+        """Hand broker group ``broker_name``'s leadership to its member ``to`` (HALFMQ_SWITCH_LEADER, sent to the
+        leader): once the member holds every record, it leads at a higher epoch and the old leader follows it."""
+        info = await self.cluster_info()
+        data = info.get("brokerAddrTable", {}).get(broker_name)
+        if data is None or "0" not in data.get("brokerAddrs", {}):
+            raise ClientError(f"the name servers know no leader of broker group {broker_name!r}")
+        return await self.json_call(data["brokerAddrs"]["0"], RequestCode.HALFMQ_SWITCH_LEADER, {"brokerId": to},
+                                    timeout=timeout)
+
     async def broker_status(self, addr: str | None = None) -> dict:
         return (await self.json_call(addr or await self.broker_addr(), RequestCode.GET_BROKER_RUNTIME_INFO))["table"]
 

@@ -244,6 +244,8 @@ OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "limit": (("--limit",), {"type": non_negative, "default": 0, "help": "most rows shown (0: all)"}),
     "page_size": (("--page-size",), {"type": non_negative, "default": 0,
                                      "help": "rows per request (0: the broker's page, its most)"}),
+    "to": (("--to",), {"type": non_negative, "required": True,
+                       "help": "brokerId of the follower to take over (replicationStatus shows them)"}),
     "cluster": (("-c", "--cluster"), {"help": "only the master brokers of this cluster (clusterList shows them) "
                                               "(default: every broker; a change needs -c or -b when the name "
                                               "servers know several clusters)"}),
@@ -294,6 +296,11 @@ COMMANDS: dict[str, tuple[Any, list[str], str]] = {
                    "pending half messages of every broker, oldest check due first: age, checks, group, next "
                    "check"),
     "resumeHalf": (resume_half, ["offset_id"], "check a discarded half message again"),
+    "replicationStatus": (_call("replication"), ["cluster"],
+                          "every broker group's members: role, epoch, last and committed record, in sync, lag"),
+    "switchLeader": (_call("switch_leader", "broker_name", "to"), ["broker_name!", "to"],
+                     "hand a broker group's leadership to one of its followers (maintenance): it takes over once "
+                     "it holds every record, the old leader follows it"),
 }
 
 

@@ -12,7 +12,7 @@ from halfmq.protocol.headers import (ConsumerSendMsgBackRequestHeader, GroupRequ
                                      UpdateConsumerOffsetRequestHeader)
 from halfmq.protocol.message import decode_records
 
-from .errors import error_for
+from .errors import ConnectionClosedError, error_for
 from .instance import ClientInstance
 from .message import MessageExt, MessageQueue
 from .remoting import Credentials
@@ -80,11 +80,18 @@ class PullConsumer:
 
     async def _conn(self, queue: MessageQueue):
         route = await self.instance.routes.get(queue.topic)
-        return await self.instance.pool.get(route.addr_of(queue.broker_name))
+        return await self.instance.pool.get(route.read_addr_of(queue.broker_name))
 
     async def _request(self, queue: MessageQueue, code: int, ext: dict, timeout: float | None = None, body=b""):
-        conn = await self._conn(queue)
-        return await conn.request(code, {k: str(v) for k, v in ext.items()}, body, timeout or self.request_timeout)
+        try:
+            conn = await self._conn(queue)
+            return await conn.request(code, {k: str(v) for k, v in ext.items()}, body,
+                                      timeout or self.request_timeout)
+        except ConnectionClosedError:
+            # The broker is gone (a broker group's leader, say): the next request asks the name servers again,
+            # whose route then names a member that is there.
+            self.instance.routes.invalidate(queue.topic)
+            raise
 
     async def pull(self, queue: MessageQueue, offset: int, max_nums: int = 32, expression: str = "*",
                    suspend_ms: int = 0, timeout: float | None = None, commit_offset: int | None = None

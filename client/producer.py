@@ -138,6 +138,9 @@ class Producer:
             except ClientError as exc:
                 last = exc
                 self._isolate(target.broker_name)
+                # The broker may be gone for good (a broker group's leader that handed over or died): the next
+                # attempt asks the name servers for the route again rather than trusting the cached one.
+                instance.routes.invalidate(msg.topic)
                 log.debug("send attempt %d to %s failed: %s", attempt + 1, addr, exc)
                 continue
             status = _STATUS.get(resp.code)
@@ -151,7 +154,8 @@ class Producer:
             last = error_for(resp.code, resp.remark)
             if resp.code not in _RETRYABLE or queue is not None:
                 raise last
-            if resp.code == ResponseCode.TOPIC_NOT_EXIST:
+            if resp.code in (ResponseCode.TOPIC_NOT_EXIST, ResponseCode.SERVICE_NOT_AVAILABLE):
+                # Not here (now): a follower, or a leader handing over its group, answers 14; ask the name servers.
                 self.instance.routes.invalidate(msg.topic)
         raise last or ClientError("send failed")
 

@@ -23,28 +23,34 @@ class TopicRoute:
     read_queues: list[MessageQueue]
     broker_addrs: dict[str, str]  # broker name → master address
     fetched_at: float
+    #: broker name → where reads go: the master, or while a broker group has none, its first follower (replicas
+    #: serve reads of what every in-sync member holds)
+    read_addrs: dict[str, str] | None = None
 
     def addr_of(self, broker_name: str) -> str:
         return self.broker_addrs[broker_name]
 
+    def read_addr_of(self, broker_name: str) -> str:
+        return (self.read_addrs or self.broker_addrs)[broker_name]
+
 
 def parse_route(topic: str, body: bytes) -> TopicRoute:
     data = json.loads(body)
-    addrs = {}
+    addrs, read_addrs = {}, {}
     for broker in data.get("brokerDatas") or []:
-        master = (broker.get("brokerAddrs") or {}).get("0") or (broker.get("brokerAddrs") or {}).get(0)
-        if master:
-            addrs[broker["brokerName"]] = master
+        members = {int(k): v for k, v in (broker.get("brokerAddrs") or {}).items()}
+        if 0 in members:
+            addrs[broker["brokerName"]] = members[0]
+        if members:
+            read_addrs[broker["brokerName"]] = members[min(members)]
     write, read = [], []
     for q in data.get("queueDatas") or []:
         name = q["brokerName"]
-        if name not in addrs:
-            continue
-        if q["perm"] & Perm.WRITE:
+        if q["perm"] & Perm.WRITE and name in addrs:
             write += [MessageQueue(topic, name, i) for i in range(q["writeQueueNums"])]
-        if q["perm"] & Perm.READ:
+        if q["perm"] & Perm.READ and name in read_addrs:
             read += [MessageQueue(topic, name, i) for i in range(q["readQueueNums"])]
-    return TopicRoute(topic, sorted(write), sorted(read), addrs, time.monotonic())
+    return TopicRoute(topic, sorted(write), sorted(read), addrs, time.monotonic(), read_addrs)
 
 
 class RouteCache:

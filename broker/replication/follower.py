@@ -112,7 +112,10 @@ class ReplicationFollower:
         attempt = 0
         while not self._stopping:
             try:
-                if self.find_leader is not None and not self.config.haMasterAddress:
+                # The leader it was told of first (a switchover, the role file); after a failure, the one the name
+                # servers know now (a leader that handed over since).
+                if self.find_leader is not None and not self.config.haMasterAddress and (
+                        attempt or not self.leader_addr):
                     self.leader_addr = await self.find_leader() or self.leader_addr
                 if self.leader_addr:
                     await self._follow(self.leader_addr)

@@ -334,7 +334,9 @@ class ReplicationLeader:
             # Installed: the stream goes on from the snapshot's record.
             self._drop_snapshot(session)
             session.snapshot_size = 0
+            self._join(session)
             self._pump(session)
+            self._advance()
 
     def _drop_snapshot(self, session: FollowerSession) -> None:
         if session.snapshot_path is not None:

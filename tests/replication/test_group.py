@@ -58,6 +58,20 @@ def group(broker_factory, namesrv, tmp_path):
     return start
 
 
+async def retry_until_sent(send, timeout: float = 20.0):
+    """``send()`` again while it is refused (a group between leaders), until it succeeds or ``timeout`` passes."""
+    from halfmq.client import BrokerError
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        try:
+            return await send()
+        except BrokerError as exc:
+            if exc.code != ResponseCode.SERVICE_NOT_AVAILABLE or loop.time() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+
+
 def _status(broker) -> dict:
     return broker.member.status()
 
@@ -190,3 +204,78 @@ async def test_a_switchover_under_load_loses_nothing_and_the_old_leader_follows(
         held = _bodies(broker)
         assert set(acked) <= set(held)
         assert len(held) == len(set(held))  # nothing stored twice by two leaders
+
+
+async def test_a_follower_behind_the_kept_records_gets_a_snapshot_of_everything(group, namesrv, tmp_path):
+    brokers = await group(1)
+    async with Producer("PG_SNAP", namesrv.addr) as producer:
+        sent = [f"k{i}".encode() for i in range(300)]
+        await asyncio.gather(*(producer.send(Message(TOPIC, body)) for body in sent))
+        async with PullConsumer("CG_SNAP", namesrv.addr) as consumer:
+            queue = (await consumer.fetch_subscribe_queues(TOPIC))[0]
+            await consumer.update_offset(queue, 3)
+    # A leader that restarted keeps no records in memory: a follower that lacks any must be sent a snapshot.
+    await brokers[0].stop()
+    leader = await group.member(0)
+    follower = await group.member(1)
+    await until(lambda: _status(leader)["inSync"] == [0, 1], 30, "the follower is in sync")
+    assert _bodies(follower) == sorted(sent)
+    assert follower.ctx.offsets.get("CG_SNAP", TOPIC, queue.queue_id) == 3
+    assert follower.ctx.topics.get(TOPIC) is not None
+    assert _status(follower)["epoch"] == _status(leader)["epoch"] == 2
+
+
+async def test_offsets_committed_at_a_follower_reach_the_leader(group, namesrv):
+    brokers = await group(2)
+    async with Producer("PG_OFF", namesrv.addr) as producer:
+        await asyncio.gather(*(producer.send(Message(TOPIC, f"o{i}".encode())) for i in range(20)))
+    conn = await Connection.open(brokers[1].addr)
+    try:
+        answer = await conn.request(RequestCode.UPDATE_CONSUMER_OFFSET, {
+            "consumerGroup": "CG_F", "topic": TOPIC, "queueId": "0", "commitOffset": "2"}, timeout=10)
+        assert answer.code == ResponseCode.SUCCESS, answer.remark
+    finally:
+        await conn.close()
+    await until(lambda: brokers[0].ctx.offsets.get("CG_F", TOPIC, 0) == 2, 10, "the leader has the offset")
+    await brokers[0].ctx.offsets.flush()
+    await until(lambda: brokers[1].store.get_consumer_offset("CG_F", TOPIC, 0) == 2, 10,
+                "the offset is stored on the follower through the leader")
+
+
+async def test_halves_survive_a_switchover_and_the_new_leader_checks_them_back(group, namesrv):
+    from halfmq.client import LocalTransactionState as S, TransactionProducer
+
+    brokers = await group(2, transactionTimeOut=1000, transactionCheckInterval=1000)
+
+    class Listener:
+        def __init__(self):
+            self.checked: list[str] = []
+
+        async def execute_local_transaction(self, msg, arg):
+            return S.COMMIT_MESSAGE if msg.keys.startswith("c") else S.UNKNOW
+
+        async def check_local_transaction(self, msg):
+            self.checked.append(msg.keys)
+            return S.COMMIT_MESSAGE
+
+    listener = Listener()
+    async with TransactionProducer("TXG_REPL", listener, namesrv.addr) as producer:
+        for i in range(5):
+            await producer.send_message_in_transaction(Message("TxRepl", f"c{i}".encode(), keys=f"c{i}"))
+            await producer.send_message_in_transaction(Message("TxRepl", f"u{i}".encode(), keys=f"u{i}"))
+        # The halves, and the decisions the leader stored, are on the follower before the leader hands over.
+        await _admin(brokers[0], RequestCode.HALFMQ_SWITCH_LEADER, brokerId=1)
+        await until(lambda: _status(brokers[1])["role"] == "leader", 20, "the follower leads")
+        # A send after the switch finds the new leader (and heartbeats it): its check-backs reach this producer. It
+        # is refused (14) until the old leader follows and the in-sync set has two members again.
+        await retry_until_sent(lambda: producer.send_message_in_transaction(
+            Message("TxRepl", b"c-after", keys="c-after")))
+        await until(lambda: len(_bodies(brokers[1], "TxRepl")) == 11, 30,
+                    "every half committed, the unknown ones by the new leader's check-back")
+    bodies = _bodies(brokers[1], "TxRepl")
+    assert bodies == sorted([f"c{i}".encode() for i in range(5)] + [f"u{i}".encode() for i in range(5)]
+                            + [b"c-after"])
+    # Decided at the old leader: never checked again, never applied twice (the bodies above: once each).
+    assert {k for k in listener.checked if k in {f"c{i}" for i in range(5)}} == set()
+    await until(lambda: _status(brokers[0])["seq"] == _status(brokers[1])["seq"], 10, "the old leader follows")
+    assert _bodies(brokers[0], "TxRepl") == bodies
