@@ -33,14 +33,15 @@ from .config import ConfigError, load_config, parse_flags
 
 NAMESRV_READY = re.compile(rb"halfmq namesrv ready: (\S+)")
 BROKER_READY = re.compile(rb"halfmq ready: broker (\S+) namesrv \S+ metrics (\S+) grpc (\S+) dashboard (\S+)")
-#: Broker ports start this far apart: broker j listens on PORT + 10 j (remoting), + 1 (gRPC), + 2 (metrics) and
-#: + 3 (dashboard).
+#: Broker ports start this far apart: broker j listens on PORT + 10 j (remoting), + 1 (gRPC), + 2 (metrics),
+#: + 3 (dashboard) and + 4 (replication); with replicas, j counts every member of every broker group.
 BROKER_PORT_STRIDE = 10
 #: Broker keys the cluster sets for each broker, and the option that sets them instead of a broker flag.
 MANAGED_KEYS = {"storePathRootDir": "--dir", "brokerName": "(broker-0, broker-1, ...)",
                 "brokerClusterName": "--cluster-name", "namesrvAddr": "(its own name servers)",
                 "bindAddress": "--host", "listenPort": "--broker-port", "grpcListenPort": "--broker-port",
-                "metricsPromExporterPort": "--broker-port", "dashboardPort": "--broker-port"}
+                "metricsPromExporterPort": "--broker-port", "dashboardPort": "--broker-port",
+                "haListenPort": "--broker-port", "brokerId": "--replicas"}
 TAIL_LINES = 20
 PR_SET_PDEATHSIG = 1
 
@@ -57,23 +58,25 @@ class Plan:
     root: Path
     host: str
     namesrv_ports: list[int]
-    broker_ports: list[tuple[int, int, int, int]]  #: per broker: remoting, gRPC, metrics, dashboard (0 = any free)
+    #: per broker (every member of every group): remoting, gRPC, metrics, dashboard, replication (0 = any free)
+    broker_ports: list[tuple[int, int, int, int, int]]
     cluster_name: str
     broker_args: list[str]  #: passed to every broker before the cluster's own flags (which win)
     start_timeout: float
     stop_timeout: float
+    replicas: int = 1  #: members of each broker group: a leader and replicas - 1 followers
 
 
 def plan_ports(namesrvs: int, brokers: int, namesrv_port: int, broker_port: int
-               ) -> tuple[list[int], list[tuple[int, int, int, int]]]:
+               ) -> tuple[list[int], list[tuple[int, int, int, int, int]]]:
     """Name server i on ``namesrv_port + i``; broker j on ``broker_port + 10 j`` (+ 1 gRPC, + 2 metrics,
-    + 3 dashboard); a base of 0 makes each of those ports any free one.
+    + 3 dashboard, + 4 replication); a base of 0 makes each of those ports any free one.
 
     Raises:
         ValueError: a port would be above 65535, or the two ranges overlap.
     """
     ns = [namesrv_port + i if namesrv_port else 0 for i in range(namesrvs)]
-    br = [tuple(broker_port + BROKER_PORT_STRIDE * j + k if broker_port else 0 for k in range(4))
+    br = [tuple(broker_port + BROKER_PORT_STRIDE * j + k if broker_port else 0 for k in range(5))
           for j in range(brokers)]
     if max(ns) > 65535:
         raise ValueError(f"--namesrv-port {namesrv_port}: name server {namesrvs - 1} would listen on {max(ns)}, "
@@ -86,7 +89,7 @@ def plan_ports(namesrvs: int, brokers: int, namesrv_port: int, broker_port: int
         taken = set(ns) & {port for ports in br for port in ports}
         if taken:
             raise ValueError(f"--namesrv-port and --broker-port overlap: port {min(taken)} would be used twice "
-                             f"(brokers take {BROKER_PORT_STRIDE} ports apart, 4 each)")
+                             f"(brokers take {BROKER_PORT_STRIDE} ports apart, 5 each)")
     return ns, br
 
 
@@ -115,6 +118,10 @@ def parse_args(argv: list[str]) -> Plan:
     parser.add_argument("--broker-port", type=int, default=10911,
                         help=f"broker j listens on this + {BROKER_PORT_STRIDE} j, its gRPC endpoint on + 1, its "
                              f"metrics on + 2, its dashboard on + 3; 0 = any free ports (default: %(default)s)")
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="members of each broker group: a leader and REPLICAS - 1 followers, each with its own "
+                             "store (DIR/broker-N-follower-I); every acknowledged write is on each in-sync member, "
+                             "and with 2 or more, minInSyncReplicas=2 (default: %(default)s)")
     parser.add_argument("--cluster-name", default="DefaultCluster", help="brokerClusterName (default: %(default)s)")
     parser.add_argument("--start-timeout", type=float, default=120.0,
                         help="seconds each member has to print its ready line (default: %(default)s)")
@@ -122,8 +129,8 @@ def parse_args(argv: list[str]) -> Plan:
                         help="seconds each member has to stop after SIGTERM before it is killed "
                              "(default: %(default)s)")
     args = parser.parse_args(own)
-    if args.namesrvs < 1 or args.brokers < 1:
-        parser.error("--namesrvs and --brokers must be at least 1")
+    if args.namesrvs < 1 or args.brokers < 1 or args.replicas < 1:
+        parser.error("--namesrvs, --brokers and --replicas must be at least 1")
     if not 0 <= args.namesrv_port <= 65535 or not 0 <= args.broker_port <= 65535:
         parser.error("--namesrv-port and --broker-port are port numbers (0 = any free port)")
     if args.start_timeout <= 0 or args.stop_timeout <= 0:
@@ -137,12 +144,13 @@ def parse_args(argv: list[str]) -> Plan:
         parser.error(f"--host {args.host}: give the one address clients connect to, not every interface (routes "
                      f"and message ids carry it)")
     try:
-        ns_ports, broker_ports = plan_ports(args.namesrvs, args.brokers, args.namesrv_port, args.broker_port)
+        ns_ports, broker_ports = plan_ports(args.namesrvs, args.brokers * args.replicas, args.namesrv_port,
+                                            args.broker_port)
     except ValueError as exc:
         parser.error(str(exc))
     check_broker_args(parser, broker_args)
     return Plan(args.namesrvs, args.brokers, Path(args.dir).resolve(), args.host, ns_ports, broker_ports,
-                args.cluster_name, broker_args, args.start_timeout, args.stop_timeout)
+                args.cluster_name, broker_args, args.start_timeout, args.stop_timeout, args.replicas)
 
 
 def check_broker_args(parser: argparse.ArgumentParser, broker_args: list[str]) -> None:
@@ -276,15 +284,19 @@ class LocalCluster:
         self._logs.mkdir(parents=True, exist_ok=True)
         ready = await _all_ready([m.start(plan.start_timeout) for m in self.namesrvs])
         self.namesrv_addr = ";".join(match.group(1).decode() for match in ready)
-        for j, (port, grpc_port, metrics_port, dashboard_port) in enumerate(plan.broker_ports):
-            name = f"broker-{j}"
+        # A group of replicas refuses writes while fewer than two members have them (a leader that lost its store
+        # cannot take writes alone); a flag after -- may say otherwise, as it comes later.
+        group_args = ["--minInSyncReplicas=2"] if plan.replicas > 1 else []
+        for k, (port, grpc_port, metrics_port, dashboard_port, ha_port) in enumerate(plan.broker_ports):
+            group, broker_id = divmod(k, plan.replicas)
+            name = f"broker-{group}" if broker_id == 0 else f"broker-{group}-follower-{broker_id}"
             # The plan's flags come after the user's: the cluster's keys win over a -c file's or a repeated flag.
             self.brokers.append(Member(name, [
-                *self._cli, "broker", *plan.broker_args, f"--storePathRootDir={plan.root / name}",
-                f"--brokerName={name}", f"--brokerClusterName={plan.cluster_name}",
+                *self._cli, "broker", *group_args, *plan.broker_args, f"--storePathRootDir={plan.root / name}",
+                f"--brokerName=broker-{group}", f"--brokerId={broker_id}", f"--brokerClusterName={plan.cluster_name}",
                 f"--namesrvAddr={self.namesrv_addr}", f"--bindAddress={plan.host}", f"--listenPort={port}",
                 f"--grpcListenPort={grpc_port}", f"--metricsPromExporterPort={metrics_port}",
-                f"--dashboardPort={dashboard_port}"],
+                f"--dashboardPort={dashboard_port}", f"--haListenPort={ha_port}"],
                 self._logs / f"{name}.log", BROKER_READY))
         ready = await _all_ready([b.start(plan.start_timeout) for b in self.brokers])
         brokers = " ".join(f"{b.name} {m.group(1).decode()} grpc {m.group(3).decode()} metrics {m.group(2).decode()} "
@@ -330,8 +342,9 @@ async def run(plan: Plan) -> int:
         loop.add_signal_handler(sig, stop.set)
     stopping = loop.create_task(stop.wait())
     status = 0
-    print(f"halfmq cluster: starting {plan.namesrvs} name server(s) and {plan.brokers} broker(s) in {plan.root} "
-          f"(their output: {plan.root / 'logs'})", flush=True)
+    replicas = f", {plan.replicas} members each" if plan.replicas > 1 else ""
+    print(f"halfmq cluster: starting {plan.namesrvs} name server(s) and {plan.brokers} broker(s){replicas} in "
+          f"{plan.root} (their output: {plan.root / 'logs'})", flush=True)
     try:
         starting = loop.create_task(cluster.start())
         await asyncio.wait([starting, stopping], return_when=asyncio.FIRST_COMPLETED)

@@ -19,7 +19,7 @@ from halfmq.client import Message, Producer
 from halfmq.client.admin import Admin
 
 READY = re.compile(r"halfmq cluster ready: namesrvAddr (\S+) (.*)")
-BROKER = re.compile(r"(broker-\d+) (\S+) grpc (\S+) metrics (\S+) dashboard (\S+)")
+BROKER = re.compile(r"(broker-\d+(?:-follower-\d+)?) (\S+) grpc (\S+) metrics (\S+) dashboard (\S+)")
 START_TIMEOUT = 180  # five Python processes importing at once on a loaded 2-core machine
 STOP_TIMEOUT = 90
 
@@ -175,6 +175,30 @@ async def test_one_command_starts_a_cluster_that_spreads_sends_and_sigterm_stops
         assert "ready" in (tmp_path / "logs" / f"{name}.log").read_text(), f"{name}'s output is not in its log"
 
 
+async def test_replicas_start_a_broker_group_whose_followers_hold_every_acknowledged_send(tmp_path, clusters):
+    cluster = await (await clusters(tmp_path, "--namesrvs=1", "--brokers=1", "--replicas=2", "--namesrv-port=0",
+                                    "--broker-port=0", "--", "--logLevel=WARNING")).ready()
+    assert sorted(cluster.brokers) == ["broker-0", "broker-0-follower-1"]
+    async with Admin(cluster.namesrv_addr) as admin:
+        async def in_sync() -> bool:
+            rows = await admin.replication()
+            return any(row.get("role") == "leader" and row["inSync"] == [0, 1] for row in rows)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        while not await in_sync():  # two processes of their own: nothing here to wait on but their answers
+            assert loop.time() < deadline, await admin.replication()
+            await asyncio.sleep(0.1)
+        async with Producer("PG_REPLICAS", cluster.namesrv_addr) as producer:
+            results = [await producer.send(Message("LocalReplicas", b"%d" % i)) for i in range(20)]
+        rows = {row["brokerId"]: row for row in await admin.replication()}
+        assert rows[0]["role"] == "leader" and rows[1]["role"] == "follower", rows
+        assert rows[0]["minInSyncReplicas"] == 2
+        # Acknowledged: the follower has every record the leader has (nothing was written since).
+        assert rows[1]["seq"] == rows[0]["seq"] and rows[1]["committed"] == rows[0]["committed"]
+    assert {r.queue.broker_name for r in results} == {"broker-0"}
+    assert (tmp_path / "broker-0-follower-1").is_dir()
+
+
 async def test_members_do_not_outlive_a_killed_cluster(tmp_path, clusters):
     cluster = await (await clusters(tmp_path, "--namesrvs=1", "--brokers=1", "--namesrv-port=0",
                                     "--broker-port=0")).ready()
@@ -227,12 +251,12 @@ async def test_sigint_while_starting_stops_what_started(tmp_path, clusters):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--brokers=0"], "--namesrvs and --brokers must be at least 1"),
+    (["--brokers=0"], "--namesrvs, --brokers and --replicas must be at least 1"),
     (["--host=0.0.0.0"], "not every interface"),
     (["--host=localhost"], "is not an IPv4 address"),
-    (["--brokers=1", "--broker-port=65533"], "broker-0 would listen on up to 65536, above 65535"),
+    (["--brokers=1", "--broker-port=65533"], "broker-0 would listen on up to 65537, above 65535"),
     (["--namesrvs=3", "--namesrv-port=65534"], "name server 2 would listen on 65536, above 65535"),
-    (["--broker-port=65530", "--brokers=2"], "broker-1 would listen on up to 65543, above 65535"),
+    (["--broker-port=65530", "--brokers=2"], "broker-1 would listen on up to 65544, above 65535"),
     (["--namesrvs=3", "--namesrv-port=10920", "--broker-port=10911", "--brokers=2"],
      "--namesrv-port and --broker-port overlap: port 10921"),
     (["--", "--listenPort=10"], "--listenPort after --: the cluster sets it for each broker (--broker-port)"),
@@ -250,5 +274,5 @@ def test_bad_command_lines_are_refused_before_anything_starts(args, message, cap
 
 def test_ports_are_laid_out_from_the_two_bases():
     assert local_cluster.plan_ports(2, 2, 9876, 10911) == (
-        [9876, 9877], [(10911, 10912, 10913, 10914), (10921, 10922, 10923, 10924)])
-    assert local_cluster.plan_ports(1, 2, 0, 0) == ([0], [(0, 0, 0, 0), (0, 0, 0, 0)])
+        [9876, 9877], [(10911, 10912, 10913, 10914, 10915), (10921, 10922, 10923, 10924, 10925)])
+    assert local_cluster.plan_ports(1, 2, 0, 0) == ([0], [(0, 0, 0, 0, 0), (0, 0, 0, 0, 0)])

@@ -117,3 +117,47 @@ async def until(check, timeout: float, what: str, interval: float = 0.05):
             return last
         await asyncio.sleep(interval)
     raise AssertionError(f"{what}: not within {timeout} s (last: {last!r})")
+
+
+class BrokerGroup:
+    """Name servers and one broker group: a leader (member 0) and followers (member i has brokerId i), each a
+    process with its own store under ``root/member-i``. Tests kill, pause and restart members by these handles."""
+
+    def __init__(self, root, size: int = 3, namesrvs: int = 1, name: str = "g", cluster: str = "GroupCluster",
+                 broker_flags: tuple[str, ...] = ()):
+        self.root, self.name, self.cluster = root, name, cluster
+        self.namesrvs = [NamesrvProcess() for _ in range(namesrvs)]
+        self.size = size
+        self.broker_flags = broker_flags
+        self.members: list[BrokerProcess | None] = [None] * size
+
+    @property
+    def namesrv_addr(self) -> str:
+        return ";".join(n.addr for n in self.namesrvs)
+
+    def store_dir(self, index: int):
+        return self.root / f"member-{index}"
+
+    def member_process(self, index: int, *extra: str) -> BrokerProcess:
+        return BrokerProcess(self.store_dir(index), f"--brokerName={self.name}", f"--brokerId={index}",
+                             f"--brokerClusterName={self.cluster}", f"--namesrvAddr={self.namesrv_addr}",
+                             "--registerNameServerPeriod=500", *self.broker_flags, *extra)
+
+    async def start_member(self, index: int, *extra: str) -> BrokerProcess:
+        member = self.members[index] = self.member_process(index, *extra)
+        return await member.start()
+
+    async def start(self) -> "BrokerGroup":
+        try:
+            await asyncio.gather(*(n.start() for n in self.namesrvs))
+            for index in range(self.size):  # the leader first: followers find it through the name servers
+                await self.start_member(index)
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(m.stop() for m in self.members if m is not None and m.proc is not None),
+                             return_exceptions=True)
+        await asyncio.gather(*(n.stop() for n in self.namesrvs), return_exceptions=True)
