@@ -30,7 +30,7 @@ RUN bash scripts/bootstrap.sh grpc \
 
 USER halfmq
 VOLUME ["/var/lib/halfmq", "/etc/halfmq"]
-EXPOSE 9876 10911 5557 8081 8080
+EXPOSE 9876 10911 10912 5557 8081 8080
 # Healthy when the broker answers on its port (it listens only once the store is open and services run): the
 # listenPort the running broker was given, by broker.conf, HALFMQ_listenPort or a flag (broker/health.py).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \

@@ -5,6 +5,7 @@
     python scripts/bench.py transaction --spawn-broker --unknown 0.1 --rollback 0.1 --check-timeout 1000
     python scripts/bench.py compare     --spawn-broker   # plain vs transactional sends, same run
     python scripts/bench.py alternate   --trees /tmp/base . --rounds 3   # sends and transactions of two checkouts
+    python scripts/bench.py alternate   --replicas-alternate 1 2 --rounds 3  # a broker alone against a group of 2
 
 Prints TPS and RT p50/p99/max every few seconds and a SUMMARY line at the end. With --spawn-broker a broker
 is started in a subprocess on free ports over a temporary store (SYNC_FLUSH unless --async-flush), removed when
@@ -194,17 +195,63 @@ async def start_broker(*flags: str, dashboard: bool = True, grpc: bool = True, p
         raise
 
 
-async def spawn_broker(args) -> tuple[asyncio.subprocess.Process, str, str]:
+async def spawn_broker(args) -> tuple[list[asyncio.subprocess.Process], str, str]:
+    """The broker of ``--broker-tree`` (this checkout's by default); with ``--replicas N`` above 1, a name server and
+    a broker group of N members (every write waits for all of them: minInSyncReplicas N), the load going to its
+    leader. Returns (processes, name server, the leader's metrics address)."""
     tree = args.broker_tree
     python = os.path.join(tree, ".venv", "bin", "python") if tree else sys.executable
+    python = python if os.path.exists(python) else sys.executable
+    flags = ["--metricsPromExporterPort=0", f"--flushDiskType={'ASYNC_FLUSH' if args.async_flush else 'SYNC_FLUSH'}",
+             "--logLevel=WARNING", f"--transactionTimeOut={args.check_timeout}",
+             f"--transactionCheckInterval={args.check_interval}"]
+    procs = []
+    if args.replicas > 1:
+        namesrv = await start_namesrv(python, tree or None)
+        procs.append(namesrv[0])
+        flags += [f"--namesrvAddr={namesrv[1]}", "--haListenPort=0", f"--minInSyncReplicas={args.replicas}",
+                  "--brokerName=bench-group"]
     proc, ready = await start_broker(
-        "--metricsPromExporterPort=0", f"--flushDiskType={'ASYNC_FLUSH' if args.async_flush else 'SYNC_FLUSH'}",
-        "--logLevel=WARNING", f"--transactionTimeOut={args.check_timeout}",
-        f"--transactionCheckInterval={args.check_interval}", python=python if os.path.exists(python) else
-        sys.executable, cwd=tree or None, dashboard=not tree or os.path.isdir(os.path.join(tree, "dashboard")),
+        *flags, *(["--brokerId=0"] if args.replicas > 1 else []), python=python, cwd=tree or None,
+        dashboard=not tree or os.path.isdir(os.path.join(tree, "dashboard")),
         grpc=not tree or os.path.isdir(os.path.join(tree, "broker", "grpc")))
+    procs.append(proc)
     args.broker = ready.group(1).decode()
-    return proc, ready.group(2).decode(), ready.group(3).decode()
+    for broker_id in range(1, args.replicas):
+        procs.append((await start_broker(*flags, f"--brokerId={broker_id}", python=python, cwd=tree or None))[0])
+    if args.replicas > 1:
+        await in_sync(args.broker, args.replicas)
+    return procs, namesrv[1] if args.replicas > 1 else ready.group(2).decode(), ready.group(3).decode()
+
+
+async def start_namesrv(python: str, cwd: str | None) -> tuple[asyncio.subprocess.Process, str]:
+    proc = await asyncio.create_subprocess_exec(python, "-m", "halfmq.broker.cli", "namesrv",
+                                                "--bindAddress=127.0.0.1", "--listenPort=0",
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+                                                cwd=cwd)
+    while line := await asyncio.wait_for(proc.stdout.readline(), 30):
+        match = re.search(rb"halfmq namesrv ready: (\S+)", line)
+        if match:
+            return proc, match.group(1).decode()
+    raise SystemExit("the name server exited before it was ready")
+
+
+async def in_sync(leader: str, members: int, timeout: float = 60.0) -> None:
+    """Wait until every member of the leader's group is in sync (HALFMQ_GET_REPLICATION)."""
+    import json
+    from halfmq.client.remoting import Connection
+    from halfmq.protocol.codes import RequestCode
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        conn = await Connection.open(leader)
+        try:
+            status = json.loads((await conn.request(RequestCode.HALFMQ_GET_REPLICATION)).body)
+        finally:
+            await conn.close()
+        if len(status.get("inSync", ())) == members:
+            return
+        await asyncio.sleep(0.2)
+    raise SystemExit(f"the broker group of {leader} did not get {members} members in sync within {timeout} s")
 
 
 async def timed_loop(inflight: int, duration: float, op, stats: Stats) -> None:
@@ -429,13 +476,13 @@ def cpu_sample(client: int) -> dict[str, float]:
             "helpers": sum(cpu_seconds(h) for b in brokers for h in child_pids(b))}
 
 
-def load_run(tree: str, what: str, args) -> dict:
+def load_run(tree: str, what: str, args, replicas: int = 1) -> dict:
     """One ``producer`` or ``transaction`` (all commits) ``--spawn-broker`` run against checkout ``tree``'s broker:
     its TPS, p50/p99 and CPU microseconds per message (or per transaction) of the client, the broker and its
     writer."""
     cmd = [sys.executable, os.path.abspath(__file__), what, "--spawn-broker", f"--broker-tree={os.path.abspath(tree)}",
            f"--duration={args.duration}", f"--size={args.size}", f"--inflight={args.inflight}",
-           f"--client={args.client}"]
+           f"--client={args.client}", f"--replicas={replicas}"]
     if what == "transaction":
         cmd += ["--unknown=0", "--rollback=0"]
     first = last = None
@@ -463,18 +510,24 @@ def load_run(tree: str, what: str, args) -> dict:
 
 
 def alternate(args) -> None:
-    """Each kind (sends, then transactions; ``--what`` picks one) of every checkout back to back, ``--rounds``
-    times, the checkouts' order reversed every other round: the machine's speed drifts over minutes (a shared host),
+    """Each kind (sends, then transactions; ``--what`` picks one) of every variant back to back, ``--rounds``
+    times, the variants' order reversed every other round: the machine's speed drifts over minutes (a shared host),
     so each round's runs of one kind are compared with each other (``paired_ratio``, the median of the rounds'
-    ratios) besides the ratio of the medians."""
+    ratios) besides the ratio of the medians. The variants are checkouts (``--trees``) or, with
+    ``--replicas-alternate``, broker group sizes of the first checkout (1: a broker alone)."""
     kinds = ["producer", "transaction"] if args.what == "both" else [args.what]
-    runs: dict[tuple[str, str], list[dict]] = {(tree, kind): [] for tree in args.trees for kind in kinds}
+    if args.replicas_alternate:
+        variants = [(f"replicas={n}", args.trees[0], n) for n in args.replicas_alternate]
+    else:
+        variants = [(tree, tree, 1) for tree in args.trees]
+    labels = [label for label, _tree, _n in variants]
+    runs: dict[tuple[str, str], list[dict]] = {(label, kind): [] for label in labels for kind in kinds}
     for round_no in range(1, args.rounds + 1):
         for kind in kinds:
-            for tree in (args.trees if round_no % 2 else args.trees[::-1]):
-                run = load_run(tree, kind, args)
-                runs[(tree, kind)].append(run)
-                print(f"[round {round_no}] {tree} {kind}: tps={run['tps']:,.0f} p50_ms={run['p50_ms']:.2f} "
+            for label, tree, replicas in (variants if round_no % 2 else variants[::-1]):
+                run = load_run(tree, kind, args, replicas)
+                runs[(label, kind)].append(run)
+                print(f"[round {round_no}] {label} {kind}: tps={run['tps']:,.0f} p50_ms={run['p50_ms']:.2f} "
                       f"p99_ms={run['p99_ms']:.2f} cpu_us_per_msg client={run['client']:.1f} "
                       f"broker={run['broker']:.1f} writer={run['helpers']:.1f} server={run['server']:.1f} "
                       f"cores_busy client={run['client_busy']:.2f} broker={run['broker_busy']:.2f} "
@@ -485,16 +538,16 @@ def alternate(args) -> None:
         return statistics.median(n["tps"] / d["tps"] for n, d in zip(numerator, denominator))
 
     for kind in kinds:
-        base = median[(args.trees[0], kind)]
-        for tree in args.trees:
-            m = median[(tree, kind)]
+        base = median[(labels[0], kind)]
+        for label in labels:
+            m = median[(label, kind)]
             extra = ""
             if kind == "transaction" and "producer" in kinds:
-                extra = (f" tx_plain_ratio={m['tps'] / median[(tree, 'producer')]['tps']:.2f}"
-                         f" paired_tx_plain_ratio={paired(runs[(tree, kind)], runs[(tree, 'producer')]):.2f}")
-            print(f"SUMMARY mode=alternate kind={kind} tree={tree} rounds={args.rounds} median_tps={m['tps']:,.0f} "
+                extra = (f" tx_plain_ratio={m['tps'] / median[(label, 'producer')]['tps']:.2f}"
+                         f" paired_tx_plain_ratio={paired(runs[(label, kind)], runs[(label, 'producer')]):.2f}")
+            print(f"SUMMARY mode=alternate kind={kind} tree={label} rounds={args.rounds} median_tps={m['tps']:,.0f} "
                   f"tps_ratio={m['tps'] / base['tps']:.2f} "
-                  f"paired_ratio={paired(runs[(tree, kind)], runs[(args.trees[0], kind)]):.2f}{extra} "
+                  f"paired_ratio={paired(runs[(label, kind)], runs[(labels[0], kind)]):.2f}{extra} "
                   f"p50_ms={m['p50_ms']:.2f} p99_ms={m['p99_ms']:.2f} "
                   f"median_server_cpu_us={m['server']:.1f} server_cpu_ratio={m['server'] / base['server']:.2f} "
                   f"median_broker_cpu_us={m['broker']:.1f} median_writer_cpu_us={m['helpers']:.1f} "
@@ -503,11 +556,11 @@ def alternate(args) -> None:
 
 
 async def main_async(args) -> None:
-    proc = None
+    procs = []
     metrics_addr = None
     namesrv = args.namesrv
     if args.spawn_broker:
-        proc, namesrv, metrics_addr = await spawn_broker(args)
+        procs, namesrv, metrics_addr = await spawn_broker(args)
     try:
         if args.mode == "producer":
             await run_producer(args, namesrv)
@@ -521,9 +574,10 @@ async def main_async(args) -> None:
             tx = await run_transaction(args, namesrv, metrics_addr, "transaction-commit")
             print(f"SUMMARY mode=compare plain_tps={plain:,.0f} transactional_tps={tx:,.0f} ratio={tx / plain:.2f}")
     finally:
-        if proc is not None and proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-            await proc.wait()
+        for proc in reversed(procs):
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+                await proc.wait()
 
 
 def main() -> None:
@@ -543,6 +597,12 @@ def main() -> None:
     parser.add_argument("--broker-tree", default="",
                         help="--spawn-broker: the checkout whose broker is spawned (with its .venv when it has one)")
     parser.add_argument("--async-flush", action="store_true")
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="--spawn-broker: a broker group of this many members (a name server, a leader taking "
+                             "the load and followers); alternate: --replicas-alternate compares group sizes")
+    parser.add_argument("--replicas-alternate", type=int, nargs="+", default=None,
+                        help="alternate mode: compare these group sizes of this checkout (e.g. 1 2) instead of "
+                             "--trees")
     parser.add_argument("--topic", default="BenchTopic")
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--inflight", type=int, default=64)

@@ -304,11 +304,12 @@ def ensure_image(dockerd: Dockerd, readme_commands: list[list[str]]) -> str:
     return image
 
 
-async def cluster_list(dockerd: Dockerd, container: str, namesrv: str) -> dict[str, str]:
-    """brokerName → address, as ``halfmq admin clusterList`` run in ``container`` prints them."""
+async def cluster_list(dockerd: Dockerd, container: str, namesrv: str, broker_id: str = "0") -> dict[str, str]:
+    """brokerName → the address of its member ``broker_id`` (0: the leader), as ``halfmq admin clusterList`` run in
+    ``container`` prints them."""
     done = await asyncio.to_thread(dockerd.docker, "exec", container, "halfmq", "admin", "-n", namesrv,
                                    "clusterList", "--json")
-    return {row["brokerName"]: row["addr"] for row in json.loads(done.stdout)}
+    return {row["brokerName"]: row["addr"] for row in json.loads(done.stdout) if str(row["brokerId"]) == broker_id}
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="dockerd and debootstrap need root")
@@ -323,10 +324,13 @@ async def test_compose_file_runs_a_cluster_of_two_name_servers_and_two_brokers(d
     runs = compose_runs(compose, ports)
     assert {service["image"] for service in compose["services"].values()} == {image}
     [network] = compose["networks"].values()
-    brokers = {service["environment"]["HALFMQ_brokerName"]: f"{service['environment']['HALFMQ_brokerIP1']}:10911"
+    members = {(service["environment"]["HALFMQ_brokerName"], service["environment"].get("HALFMQ_brokerId", "0")):
+               f"{service['environment']['HALFMQ_brokerIP1']}:10911"
                for service in compose["services"].values() if "environment" in service}
+    brokers = {name: addr for (name, broker_id), addr in members.items() if broker_id == "0"}
+    followers = {name: addr for (name, broker_id), addr in members.items() if broker_id == "1"}
     namesrvs = [name for name, service in compose["services"].items() if "environment" not in service]
-    assert len(brokers) == 2 and len(namesrvs) == 2, (brokers, namesrvs)
+    assert len(brokers) == 2 and len(followers) == 2 and len(namesrvs) == 2, (members, namesrvs)
     events = {name: HealthEvents(dockerd, name) for name, _ in runs}
     try:
         dockerd.create_network(network["name"], network["ipam"]["config"][0]["subnet"])
@@ -339,9 +343,17 @@ async def test_compose_file_runs_a_cluster_of_two_name_servers_and_two_brokers(d
                 raise AssertionError(f"{name}: {exc}\n{diagnosis(dockerd, name)}") from None
         for namesrv in namesrvs:
             async def lists_both(namesrv=namesrv) -> bool:
-                return await cluster_list(dockerd, "broker-0", f"{namesrv}:9876") == brokers
+                return (await cluster_list(dockerd, "broker-0", f"{namesrv}:9876") == brokers
+                        and await cluster_list(dockerd, "broker-0", f"{namesrv}:9876", "1") == followers)
             # a broker registers as it starts; one that started before a name server listened, 30 s later
             await until(lists_both, 60, f"{namesrv} lists both brokers", interval=1)
+        namesrv_list = ";".join(f"{n}:9876" for n in namesrvs)
+
+        async def groups_in_sync() -> bool:
+            rows = json.loads((await asyncio.to_thread(dockerd.docker, "exec", "broker-0", "halfmq", "admin", "-n",
+                                                       namesrv_list, "replicationStatus", "--json")).stdout)
+            return sorted(row.get("inSync") for row in rows if row.get("role") == "leader") == [[0, 1], [0, 1]]
+        await until(groups_in_sync, 60, "each broker's follower in sync", interval=1)
         landed = collections.Counter()
         async with Producer("compose-test-producer", ";".join(f"127.0.0.1:{port}" for port in ports.values())) \
                 as producer:

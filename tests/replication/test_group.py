@@ -279,3 +279,58 @@ async def test_halves_survive_a_switchover_and_the_new_leader_checks_them_back(g
     assert {k for k in listener.checked if k in {f"c{i}" for i in range(5)}} == set()
     await until(lambda: _status(brokers[0])["seq"] == _status(brokers[1])["seq"], 10, "the old leader follows")
     assert _bodies(brokers[0], "TxRepl") == bodies
+
+
+ACL = """
+accounts:
+  - accessKey: admin
+    secretKey: admin-secret
+    admin: true
+  - accessKey: app
+    secretKey: app-secret
+    defaultTopicPerm: PUB|SUB
+"""
+
+
+@pytest.mark.parametrize("credentials, follows", [({}, False), ({"namesrvAccessKey": "app", "namesrvSecretKey":
+                                                                  "app-secret"}, False),
+                                                  ({"namesrvAccessKey": "admin", "namesrvSecretKey": "wrong"}, False),
+                                                  ({"namesrvAccessKey": "admin",
+                                                    "namesrvSecretKey": "admin-secret"}, True)])
+async def test_with_acl_only_a_member_signed_by_an_admin_account_follows(group, tmp_path, credentials, follows,
+                                                                           caplog):
+    acl = tmp_path / "plain_acl.yml"
+    acl.write_text(ACL)
+    leader = await group.member(0, aclEnable=True, aclConfigFile=str(acl))
+    follower = await group.member(1, **credentials)
+    if follows:
+        await until(lambda: _status(leader)["inSync"] == [0, 1], 20, "the signed follower is in sync")
+        return
+    await until(lambda: "cannot follow leader" in caplog.text, 20, "the follower's refusal")
+    assert not _status(follower)["connected"] and _status(leader)["followers"] == []
+
+
+async def test_a_stranger_on_the_replication_port_is_refused_and_its_connection_bounded(group):
+    brokers = await group(1)
+    leader = brokers[0]
+    conn = await Connection.open(leader.ha_addr)
+    try:
+        # Another group's member, and a request the replication port does not serve.
+        answer = await conn.request(RequestCode.HALFMQ_REPL_FOLLOW, {
+            "clusterName": "DefaultCluster", "brokerName": "other", "brokerId": "1", "epoch": "0", "seq": "0"},
+            timeout=10)
+        assert answer.code == ResponseCode.NO_PERMISSION and "broker group" in answer.remark
+        answer = await conn.request(RequestCode.SEND_MESSAGE_V2, {"b": TOPIC}, body=b"x", timeout=10)
+        assert answer.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+        answer = await conn.request(RequestCode.HALFMQ_REPL_FOLLOW, {
+            "clusterName": "DefaultCluster", "brokerName": "g", "brokerId": "x"}, timeout=10)
+        assert answer.code != ResponseCode.SUCCESS
+    finally:
+        await conn.close()
+    assert _status(leader)["followers"] == []
+    # A frame larger than the port takes closes the connection before it is read.
+    reader, writer = await asyncio.open_connection(*leader.ha_addr.rsplit(":", 1))
+    writer.write((1 << 30).to_bytes(4, "big") + b"\x00" * 64)
+    await writer.drain()
+    assert await asyncio.wait_for(reader.read(), 10) == b""
+    writer.close()
