@@ -97,6 +97,9 @@ class ReplicationFollower:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         self._close_snapshot()
+        # Records durable here and held for the leader's word are this store's: they need not wait any more.
+        self.store.set_gate(None)
+        self.store.link.release()
         if self.store.write_refusal == self.write_refusal:
             self.store.write_refusal = None
         if self.ctx.offsets.forward == self.forward_offsets:

@@ -194,7 +194,6 @@ class GroupMember:
         self._save_role(new_id, leader_ha_addr)
         self.broker_id = new_id
         self.leader_ha_addr = leader_ha_addr
-        self.ctx.store.set_gate(None)
         self._follow()
         log.info("handed the leadership of %s to %s; following it as brokerId %d", self.config.brokerName,
                  leader_ha_addr, new_id)
@@ -216,7 +215,6 @@ class GroupMember:
         self._save_role(0, "")
         self.broker_id = 0
         self.leader_ha_addr = ""
-        self.ctx.store.set_gate(None)
         await self._lead(epoch)
         if self.on_role_change is not None:
             await self.on_role_change()
