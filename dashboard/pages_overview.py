@@ -1,4 +1,5 @@
-"""Overview: the brokers (up, version, uptime, store use and limit, sends/s and pulls/s) and the name servers."""
+"""Overview: the brokers (up, version, uptime, store use and limit, sends/s and pulls/s), the broker groups'
+members (role, epoch, records, in-sync set, lag) and the name servers."""
 from __future__ import annotations
 
 import asyncio
@@ -32,7 +33,18 @@ async def overview(request: web.Request) -> dict:
         else:
             row["error"] = str(table)
         rows.append(row)
-    return {"brokers": rows, "namesrvs": await _namesrvs(admin)}
+    return {"brokers": rows, "groups": await _groups(admin), "namesrvs": await _namesrvs(admin)}
+
+
+async def _groups(admin) -> list[dict]:
+    """Every member of every broker group with followers, as it reports itself (``halfmq admin
+    replicationStatus``); brokers alone are left out."""
+    try:
+        rows = await admin.replication()
+    except Exception:  # noqa: BLE001 - no broker answers: the brokers' table says why
+        return []
+    grouped = {row["brokerName"] for row in rows if row.get("role") in ("leader", "follower")}
+    return [row for row in rows if row["brokerName"] in grouped]
 
 
 async def _namesrvs(admin) -> list[dict]:

@@ -36,7 +36,13 @@ def produce(args):
     producer.set_name_server_address(args["namesrv"])
     producer.start()
     for i in range(args["count"]):
-        result = producer.send_sync(message(args["topic"], i, args.get("prefix", "")))
+        try:
+            result = producer.send_sync(message(args["topic"], i, args.get("prefix", "")))
+        except Exception as exc:  # a refused send: reported with "tolerate", else the scenario fails
+            if not args.get("tolerate"):
+                raise
+            emit({"i": i, "error": str(exc)[:300]})
+            continue
         emit({"i": i, "status": int(result.status), "msg_id": result.msg_id, "offset": result.offset})
     producer.shutdown()
     emit({"done": True})

@@ -334,3 +334,19 @@ async def test_a_stranger_on_the_replication_port_is_refused_and_its_connection_
     await writer.drain()
     assert await asyncio.wait_for(reader.read(), 10) == b""
     writer.close()
+
+
+async def test_the_dashboard_shows_each_members_role_lag_and_the_in_sync_set(group, namesrv, tmp_path):
+    import aiohttp
+
+    brokers = await group(2, dashboardPort=0)
+    await until(lambda: _status(brokers[0])["inSync"] == [0, 1], 20, "the follower in sync")
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"http://{brokers[0].dashboard_addr}/api/overview") as resp:
+            data = await resp.json()
+        async with http.get(f"http://{brokers[0].dashboard_addr}/") as resp:
+            page = await resp.text()
+    members = {(m["brokerName"], m["brokerId"]): m for m in data["groups"]}
+    assert members[("g", 0)]["role"] == "leader" and members[("g", 0)]["inSync"] == [0, 1]
+    assert members[("g", 1)]["role"] == "follower" and members[("g", 1)]["inSync"] is True
+    assert 'data-member="g/1"' in page and "leader" in page

@@ -211,3 +211,42 @@ def _more(acked: set, count: int):
 async def _same_everywhere(group) -> bool:
     seqs = {(await status(member))["seq"] for member in group.members}
     return len(seqs) == 1
+
+
+async def test_a_former_leader_with_an_unacknowledged_tail_drops_it_when_it_follows_again(tmp_path):
+    import signal
+
+    group = BrokerGroup(tmp_path, size=2, broker_flags=("--minInSyncReplicas=2", "--haMaxLagMillis=500"))
+    await group.start()
+    try:
+        await until(lambda: in_sync(group, (0, 1)), 30, "the follower in sync")
+        leader, follower = group.members
+        async with Producer("PG_TAIL", group.namesrv_addr, send_timeout=3.0, retry_times=0) as producer:
+            acked = [f"a{i}".encode() for i in range(50)]
+            for body in acked:
+                await producer.send(Message(TOPIC, body))
+            follower_seq = (await status(follower))["seq"]
+            # The follower hangs: the leader stores the next sends, waits for it, drops it from the in-sync set and
+            # answers them not acknowledged (14). Then it dies before reading them: they are the leader's
+            # unacknowledged tail.
+            follower.proc.send_signal(signal.SIGSTOP)
+            tail = [f"t{i}".encode() for i in range(5)]
+            results = await asyncio.gather(*(producer.send(Message(TOPIC, body)) for body in tail),
+                                           return_exceptions=True)
+            assert all(isinstance(r, Exception) and "in-sync" in str(r) for r in results), results
+            await follower.kill_group()
+        assert (await status(leader))["seq"] > follower_seq
+        await leader.kill_group()
+        # The operator promotes the follower (restarted as brokerId 0) and brings the old leader back as brokerId 1.
+        group.members[0] = group.member_process(1, "--brokerId=0")  # the follower's store, its new role
+        await group.members[0].start()
+        group.members[1] = group.member_process(0, "--brokerId=1")
+        await group.members[1].start()
+        new_leader, old_leader = group.members
+        await until(lambda: in_sync(group, (0, 1)), 60, "the former leader follows, in sync")
+        held = await bodies_at(old_leader.broker_addr)
+        assert set(acked) <= set(held) and not set(tail) & set(held), "the unacknowledged tail is gone"
+        assert held == await bodies_at(new_leader.broker_addr)
+        assert (await status(new_leader))["epoch"] == 2
+    finally:
+        await group.stop()

@@ -1,0 +1,54 @@
+"""The official RocketMQ 5 Python client (gRPC) against a broker group of real processes: QueryRoute names the
+group's leader, and every message it was told is sent is on the follower too."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from rocketmq import ClientConfiguration, Credentials, Message, Producer
+
+from halfmq.broker.grpc.schema import Code, pb
+
+from tests.replication.test_group_faults import bodies_at, in_sync, until
+from tests.support.cluster import BrokerGroup
+from tests.support.grpc_raw import GrpcRaw, signed_metadata
+
+pytestmark = [pytest.mark.grpc, pytest.mark.slow]
+TOPIC = "GroupGrpc"
+
+
+async def test_a_rocketmq5_producer_sends_through_the_leader_and_the_follower_holds_every_message(tmp_path):
+    group = await BrokerGroup(tmp_path, size=2, broker_flags=("--grpcListenPort=0", "--minInSyncReplicas=2")).start()
+    try:
+        await until(lambda: in_sync(group, (0, 1)), 30, "the follower in sync")
+        leader, follower = group.members
+        raw = GrpcRaw(follower.grpc_addr)
+        try:
+            # A follower's QueryRoute names the group's leader: writes go there.
+            async def routed():
+                answer = await raw.stub("QueryRoute")(pb.QueryRouteRequest(topic=pb.Resource(name="TBW102")),
+                                                      metadata=signed_metadata("group-test@1"), timeout=10)
+                ends = {f"{a.host}:{a.port}" for mq in answer.message_queues for a in mq.broker.endpoints.addresses}
+                return answer.status.code == Code["OK"] and ends == {leader.grpc_addr}
+            await until(routed, 30, "the follower routes to the leader's gRPC endpoint")
+        finally:
+            await raw.close()
+
+        def produce() -> list:
+            config = ClientConfiguration(leader.grpc_addr, Credentials("", ""), request_timeout=5)
+            producer = Producer(config, (TOPIC,))
+            producer.startup()
+            try:
+                out = []
+                for i in range(100):
+                    msg = Message()
+                    msg.topic, msg.body = TOPIC, b"g%d" % i
+                    out.append(producer.send(msg))
+                return out
+            finally:
+                producer.shutdown()
+        receipts = await asyncio.to_thread(produce)
+        assert len(receipts) == 100
+        assert await bodies_at(follower.broker_addr, TOPIC, queues=8) == sorted(b"g%d" % i for i in range(100))
+    finally:
+        await group.stop()
