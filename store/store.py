@@ -74,6 +74,8 @@ class MessageStore:
         self.link: WriterLink | None = None
         self.owner = StoreOwner(self.path)
         self._lock_fd = -1
+        self._replacing = False
+        self._position: tuple[int, int] = (0, 0)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.queue_max: dict[tuple[str, int], int] = {}
         #: first offset still held per queue (absent: 0); it moves up as retention deletes
@@ -130,9 +132,13 @@ class MessageStore:
     # --- replication (broker/replication/) ---
     @property
     def position(self) -> tuple[int, int]:
-        """(epoch, sequence) of the last replication record committed here (store/redo.py)."""
+        """(epoch, sequence) of the last replication record committed here (store/redo.py); while a snapshot
+        replaces the store, the last one read before."""
+        if self._replacing:
+            return self._position
         with self.env.begin() as txn:
-            return read_position(txn.get, self.dbs["meta"])
+            self._position = read_position(txn.get, self.dbs["meta"])
+        return self._position
 
     @property
     def epochs(self) -> list[tuple[int, int]]:
@@ -171,6 +177,14 @@ class MessageStore:
         a new writer starts on it. Writes and reads wait for nothing meanwhile: a follower has no writes of its
         own, and reads of the old file go on until it is closed."""
         self._send_group()
+        self.position  # noqa: B018 - read once more: what status shows while the store is replaced
+        self._replacing = True
+        try:
+            await self._replace(snapshot_path)
+        finally:
+            self._replacing = False
+
+    async def _replace(self, snapshot_path: str) -> None:
         await self.link.close()
         self.env.close()
         os.replace(snapshot_path, os.path.join(self.path, "data.mdb"))

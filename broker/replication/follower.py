@@ -72,12 +72,15 @@ class ReplicationFollower:
         self.leader_epoch = 0
         self.connected = False
         self.snapshotting = False
+        self.snapshots = 0                    #: snapshots of the leader's store installed (catch-ups)
         self._proto: _LinkProtocol | None = None
         self._pending: dict[int, asyncio.Future] = {}
         self._opaque = 0
         self._task: asyncio.Task | None = None
         self._ack_seq = 0
         self._ack_scheduled = False
+        self._submitted = 0                   #: the last record handed to the writer
+        self._durable = asyncio.Event()       #: set when records became durable here
         self._snapshot_file = None
         self._snapshot_path = os.path.join(self.store.path, "snapshot.incoming")
         self._stopping = False
@@ -149,6 +152,7 @@ class ReplicationFollower:
             HANDSHAKE_TIMEOUT_S)
         self._proto = proto
         try:
+            await self._settle()
             epoch, seq = self.store.position
             cfg = self.config
             answer = await self._request(wire.follow(cfg.brokerClusterName, cfg.brokerName, self.broker_id,
@@ -170,6 +174,17 @@ class ReplicationFollower:
             if proto.transport is not None:
                 proto.transport.close()
             self._proto = None
+
+    async def _settle(self) -> None:
+        """Records handed to the writer over an earlier link are durable before this one says where it is: else
+        the leader would send them again, or a record it lacks would be missing from what it is told."""
+        deadline = asyncio.get_running_loop().time() + HANDSHAKE_TIMEOUT_S
+        while self._ack_seq < self._submitted and asyncio.get_running_loop().time() < deadline:
+            self._durable.clear()
+            try:
+                await asyncio.wait_for(self._durable.wait(), HANDSHAKE_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                break
 
     async def _request(self, cmd: RemotingCommand) -> RemotingCommand:
         self._opaque += 1
@@ -196,6 +211,7 @@ class ReplicationFollower:
             batch, commit = wire.read_records(cmd)
             for epoch, seq, payload in batch:
                 self.store.submit(ApplyRedo(epoch, seq, payload)).add_done_callback(self._applied)
+                self._submitted = seq
             self._set_committed(commit)
         elif cmd.code == RequestCode.HALFMQ_REPL_SNAPSHOT:
             self._snapshot_piece(cmd)
@@ -207,6 +223,7 @@ class ReplicationFollower:
     def durable(self, seq: int, records: list) -> None:
         """Applied records are durable here: acknowledge the last (once per loop iteration)."""
         self._ack_seq = max(self._ack_seq, seq)
+        self._durable.set()
         if not self._ack_scheduled:
             self._ack_scheduled = True
             asyncio.get_running_loop().call_soon(self._send_ack)
@@ -275,6 +292,7 @@ class ReplicationFollower:
         ctx = self.ctx
         ctx.topics.reload(set(ctx.topics.topics) | set(self.store.topics()))
         ctx.offsets.reload()
+        self.snapshots += 1
         log.info("installed the leader's snapshot at record %d", seq)
         self._send(wire.ack(snapshot=size))
 
@@ -300,4 +318,5 @@ class ReplicationFollower:
     def status(self) -> dict:
         epoch, seq = self.store.position
         return {"role": "follower", "epoch": epoch, "seq": seq, "committed": self.committed,
-                "leader": self.leader_addr or "", "connected": self.connected, "snapshot": self.snapshotting}
+                "leader": self.leader_addr or "", "connected": self.connected, "snapshot": self.snapshotting,
+                "snapshotsInstalled": self.snapshots}

@@ -144,29 +144,43 @@ async def test_with_too_few_in_sync_copies_sends_are_refused_then_accepted_again
 
 async def test_a_follower_started_empty_catches_up_from_a_snapshot_while_sends_go_on(group, namesrv):
     brokers = await group(1)
+    async with Producer("PG_CATCH", namesrv.addr) as producer:
+        await producer.send(Message(TOPIC, b"before the restart"))
+    # A leader that restarted keeps no records in memory: the new follower's catch-up starts from a snapshot.
+    await brokers[0].stop()
+    brokers[0] = leader = await group.member(0)
     stop = asyncio.Event()
     acked = []
     async with Producer("PG_CATCH", namesrv.addr) as producer:
         async def sender():
             n = 0
             while not stop.is_set():
-                body = f"c{n}".encode()
+                body = f"c{n}-{id(asyncio.current_task())}".encode()
                 n += 1
                 await producer.send(Message(TOPIC, body))
                 acked.append(body)
-        senders = [asyncio.ensure_future(sender()) for _ in range(16)]
+        senders = [asyncio.ensure_future(sender()) for _ in range(64)]
         try:
             await until(lambda: len(acked) >= 300, 30, "sends before the follower")
             follower = await group.member(1)
-            await until(lambda: _status(brokers[0])["inSync"] == [0, 1], 30, "the new follower is in sync")
+            await until(lambda: _status(leader)["inSync"] == [0, 1], 30, "the new follower is in sync")
+            assert _status(follower)["snapshotsInstalled"] == 1
             count = len(acked)
             await until(lambda: len(acked) >= count + 300, 30, "sends after the follower joined")
         finally:
             stop.set()
             await asyncio.gather(*senders)
-    await until(lambda: _status(follower)["seq"] == _status(brokers[0])["seq"], 10, "the follower holds all")
-    assert set(acked) <= set(_bodies(follower))
-    assert _bodies(follower) == _bodies(brokers[0])
+    await until(lambda: _status(follower)["seq"] == _status(leader)["seq"], 10, "the follower holds all")
+    assert set(acked) | {b"before the restart"} <= set(_bodies(follower))
+    assert _bodies(follower) == _bodies(leader)
+
+
+async def test_a_broker_alone_has_no_replication_port_and_records_nothing(broker_factory, tmp_path):
+    broker = await broker_factory(store_dir=tmp_path / "alone")
+    async with Producer("PG_ALONE", broker.namesrv_addr) as producer:
+        await producer.send(Message(TOPIC, b"alone"))
+    assert broker.ha_addr == "" and broker.store.position == (0, 0) and broker.store.link.gate is None
+    assert broker.member.status() == {"role": "standalone", "brokerId": 0}
 
 
 async def test_a_switchover_under_load_loses_nothing_and_the_old_leader_follows(group, namesrv):
