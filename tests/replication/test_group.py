@@ -13,6 +13,7 @@ from halfmq.broker.namesrv.server import NameServer
 from halfmq.client import Message, Producer, PullConsumer
 from halfmq.client.remoting import Connection
 from halfmq.protocol.codes import RequestCode, ResponseCode
+from halfmq.protocol.command import RemotingCommand
 from halfmq.protocol.message import decode_record
 
 TOPIC = "Replicated"
@@ -364,3 +365,22 @@ async def test_the_dashboard_shows_each_members_role_lag_and_the_in_sync_set(gro
     assert members[("g", 0)]["role"] == "leader" and members[("g", 0)]["inSync"] == [0, 1]
     assert members[("g", 1)]["role"] == "follower" and members[("g", 1)]["inSync"] is True
     assert 'data-member="g/1"' in page and "leader" in page
+
+
+async def test_with_tls_the_replication_port_speaks_tls_only(group, tmp_path):
+    import subprocess
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    tls = {"tlsEnable": True, "tlsServerCertPath": str(cert), "tlsServerKeyPath": str(key)}
+    brokers = await group(2, **tls)
+    await until(lambda: _status(brokers[0])["inSync"] == [0, 1], 20, "the follower in sync over TLS")
+    reader, writer = await asyncio.open_connection(*brokers[0].ha_addr.rsplit(":", 1))
+    try:  # a plain frame is not TLS: the connection ends without an answer
+        writer.write(RemotingCommand(RequestCode.HALFMQ_REPL_FOLLOW).encode())
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(), 10) == b""
+    finally:
+        writer.close()
