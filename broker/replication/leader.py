@@ -180,6 +180,15 @@ class ReplicationLeader:
     # --- followers ---
     def follow(self, channel, broker_id: int, addr: str, ha_addr: str, epoch: int, seq: int) -> dict:
         """A follower asks to follow: where its stream starts (the answer's fields)."""
+        if epoch > self.epoch or (epoch == self.epoch and seq > self.local):
+            # It holds records this leader does not: this leader's store was lost or restored. It is refused (a
+            # snapshot would throw its records away); writes go on here only if enough other members are in sync
+            # (set minInSyncReplicas), and the operator hands the leadership to it. A claim alone does not stop
+            # the leader: with ACL off, anyone could send one.
+            why = (f"follower {broker_id} ({addr}) holds records up to ({epoch}, {seq}), this leader only up to "
+                   f"({self.epoch}, {self.local}): restart it as brokerId 0 and this broker as a follower")
+            log.error("refused a follower: %s", why)
+            raise ReplicationError(why)
         old = self.sessions.get(broker_id)
         if old is not None and old.channel is not channel:
             log.info("follower %d (%s) connected again; its earlier link is closed", broker_id, addr)
@@ -187,12 +196,6 @@ class ReplicationLeader:
             old.channel.close()
         epochs = self.store.epochs
         first = self.ring[0][0] if self.ring else self.local + 1
-        if epoch > self.epoch or (epoch == self.epoch and seq > self.local):
-            # It holds records this leader does not: this leader is stale (a store restored or deleted).
-            self.refusal = (f"follower {broker_id} ({addr}) holds records up to ({epoch}, {seq}), this leader only "
-                            f"up to ({self.epoch}, {self.local}): switch the leadership to it")
-            log.error("%s; writes are refused", self.refusal)
-            raise ReplicationError(self.refusal)
         session = FollowerSession(channel, broker_id, addr, next_seq=seq + 1, acked=seq, ha_addr=ha_addr)
         self.sessions[broker_id] = session
         if is_prefix(epochs, self.local, epoch, seq) and seq + 1 >= first:

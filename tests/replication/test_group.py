@@ -340,9 +340,16 @@ async def test_a_stranger_on_the_replication_port_is_refused_and_its_connection_
         answer = await conn.request(RequestCode.HALFMQ_REPL_FOLLOW, {
             "clusterName": "DefaultCluster", "brokerName": "g", "brokerId": "x"}, timeout=10)
         assert answer.code != ResponseCode.SUCCESS
+        # A claim of records the leader lacks is refused, and stops nothing: anyone may claim, with ACL off.
+        answer = await conn.request(RequestCode.HALFMQ_REPL_FOLLOW, {
+            "clusterName": "DefaultCluster", "brokerName": "g", "brokerId": "5", "epoch": "99", "seq": "1"},
+            timeout=10)
+        assert answer.code == ResponseCode.SERVICE_NOT_AVAILABLE and "holds records" in answer.remark
     finally:
         await conn.close()
     assert _status(leader)["followers"] == []
+    async with Producer("PG_STRANGER", leader.config.namesrvAddr) as producer:
+        await producer.send(Message(TOPIC, b"still taking writes"))
     # A frame larger than the port takes closes the connection before it is read.
     reader, writer = await asyncio.open_connection(*leader.ha_addr.rsplit(":", 1))
     writer.write((1 << 30).to_bytes(4, "big") + b"\x00" * 64)
