@@ -391,3 +391,28 @@ async def test_with_tls_the_replication_port_speaks_tls_only(group, tmp_path):
         assert await asyncio.wait_for(reader.read(), 10) == b""
     finally:
         writer.close()
+
+
+async def test_halfmq_admin_shows_the_members_and_switches_the_leader(group, namesrv):
+    import sys
+
+    brokers = await group(2)
+    await until(lambda: _status(brokers[0])["inSync"] == [0, 1], 20, "the follower in sync")
+
+    async def admin(*args: str) -> tuple[int, str]:
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "halfmq.broker.cli", "admin", "-n",
+                                                    namesrv.addr, *args, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.STDOUT)
+        out, _ = await asyncio.wait_for(proc.communicate(), 60)
+        return proc.returncode, out.decode()
+
+    code, out = await admin("replicationStatus", "--json")
+    rows = {row["brokerId"]: row for row in json.loads(out)}
+    assert code == 0 and rows[0]["role"] == "leader" and rows[1]["role"] == "follower" and rows[1]["inSync"], out
+    code, out = await admin("replicationStatus")
+    assert code == 0 and "leader" in out and "follower" in out, out
+    code, out = await admin("switchLeader", "-b", "g", "--to", "1")
+    assert code == 0 and brokers[1].addr in out, out
+    await until(lambda: _status(brokers[1])["role"] == "leader", 20, "the follower leads")
+    code, out = await admin("switchLeader", "-b", "g", "--to", "7")
+    assert code != 0 and "not connected" in out, out
