@@ -85,6 +85,7 @@ class WriterLink:
         self.next_gid = 1
         self.closing = False
         self.gate: ReplicationGate | None = None
+        self.last_seq = 0  #: the last replication record the writer made (a leader's)
         self._leading: asyncio.Future | None = None
         self._ready: asyncio.Future | None = None
         self._closed: asyncio.Future | None = None
@@ -142,11 +143,14 @@ class WriterLink:
             for _last_gid, answers, grown, new_topics, commit_seconds, redo in message[1]:
                 if new_topics:
                     self.new_topics(new_topics)
+                if redo is not None:
+                    self.last_seq = redo[1]
                 for gid, outcomes in answers:
                     group = by_gid[gid]
                     group.outcomes = outcomes
-                    if redo is not None:
-                        group.seq = redo[1]
+                    # A group that wrote nothing may still answer from what earlier ones wrote (a decision
+                    # repeated): it waits until they are on every in-sync copy too.
+                    group.seq = max(group.seq, self.last_seq)
                     durable = max(durable, group.seq)
                 last = by_gid[answers[-1][0]]
                 last.grown = grown

@@ -86,6 +86,7 @@ class ReplicationLeader:
 
     # --- lifecycle ---
     def start(self) -> None:
+        self.store.link.last_seq = self.local
         self.store.set_gate(self)
         self.store.write_refusal = self.write_refusal
         self._lag_task = asyncio.get_running_loop().create_task(self._watch_lag(), name="replication-lag")

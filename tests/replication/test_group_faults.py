@@ -308,3 +308,35 @@ async def test_a_power_cut_of_any_members_store_loses_nothing_acknowledged(tmp_p
         finally:
             await group.stop()
             disk.power_off()
+
+
+async def test_a_repeated_decision_is_not_answered_before_the_first_is_on_every_in_sync_copy(tmp_path):
+    """A decision whose copies failed (the follower hung) is on the leader alone; repeating it writes nothing
+    (first decision wins), and its answer too waits for the copies: never a success the follower lacks."""
+    import signal
+
+    from tests.broker.test_transactions import end_ext, send_half
+    from tests.support.raw import RawClient
+
+    group = await BrokerGroup(tmp_path, size=2, broker_flags=("--minInSyncReplicas=2", "--haMaxLagMillis=500",
+                                                              "--transactionTimeOut=60000")).start()
+    try:
+        await until(lambda: in_sync(group, (0, 1)), 30, "the follower in sync")
+        leader, follower = group.members
+        client = await RawClient.connect(leader.broker_addr)
+        try:
+            r, offset = await send_half(client)
+            follower.proc.send_signal(signal.SIGSTOP)
+            first = await client.request(RequestCode.END_TRANSACTION, end_ext(r, offset, 8), timeout=10)
+            assert first.code == ResponseCode.SERVICE_NOT_AVAILABLE, first.remark  # stored here, copies failed
+            again = await client.request(RequestCode.END_TRANSACTION, end_ext(r, offset, 8), timeout=10)
+            assert again.code == ResponseCode.SERVICE_NOT_AVAILABLE, again.remark
+            follower.proc.send_signal(signal.SIGCONT)
+            await until(lambda: in_sync(group, (0, 1)), 30, "the follower back in sync")
+            done = await client.request(RequestCode.END_TRANSACTION, end_ext(r, offset, 8), timeout=10)
+            assert done.code == ResponseCode.SUCCESS, done.remark
+        finally:
+            client.close()
+        assert await bodies_at(follower.broker_addr, "TX") == [b"tx"]
+    finally:
+        await group.stop()
