@@ -86,6 +86,7 @@ class WriterLink:
         self.closing = False
         self.gate: ReplicationGate | None = None
         self.last_seq = 0  #: the last replication record the writer made (a leader's)
+        self.epoch: int | None = None  #: the epoch the writer records in (lead), told again to a restarted writer
         self._leading: asyncio.Future | None = None
         self._ready: asyncio.Future | None = None
         self._closed: asyncio.Future | None = None
@@ -109,6 +110,10 @@ class WriterLink:
             theirs.close()
         self._ready = loop.create_future()
         self.transport, _ = await loop.create_connection(lambda: _Protocol(self), sock=ours)
+        if self.epoch is not None:
+            # A writer restarted while the store leads its group: the first message it reads, before any group,
+            # so that every commit it makes is recorded and shipped (its sequence goes on from the store's).
+            self._write(("lead", self.epoch, True))
         try:
             await asyncio.wait_for(asyncio.shield(self._ready), 60)
         except BaseException:
@@ -170,6 +175,10 @@ class WriterLink:
                     self._leading.set_result(None)
                 else:
                     self._leading.set_exception(StoreError(message[1]))
+            elif kind == "lead-refused":  # a restarted writer: nothing it commits could be shipped
+                log.critical("the restarted writer will not record for epoch %s: %s; stopping it", self.epoch,
+                             message[1])
+                self.transport.close()
         elif kind == "ready":
             _kind, queue_max, topic_ids = message
             self.on_ready(queue_max, topic_ids)
@@ -182,9 +191,13 @@ class WriterLink:
         Raises:
             StoreError: the store already holds records of ``epoch`` or a later one."""
         self._leading = asyncio.get_running_loop().create_future()
-        payload = pickle.dumps(("lead", epoch))
-        self.transport.write(FRAME.pack(len(payload)) + payload)
+        self._write(("lead", epoch, False))
         await asyncio.wait_for(self._leading, 60)
+        self.epoch = epoch
+
+    def _write(self, message) -> None:
+        payload = pickle.dumps(message)
+        self.transport.write(FRAME.pack(len(payload)) + payload)
 
     def release(self) -> None:
         """The gate's committed sequence moved: publish what it now allows."""

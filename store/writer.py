@@ -148,11 +148,13 @@ class GroupWriter:
         with self.env.begin() as txn:
             return read_position(txn.get, self.dbs["meta"]), read_epochs(txn.get, self.dbs["meta"])
 
-    def lead(self, epoch: int) -> None:
-        """Record every commit from now on, numbered in ``epoch`` (higher than any epoch this store saw)."""
+    def lead(self, epoch: int, continuing: bool = False) -> None:
+        """Record every commit from now on, numbered in ``epoch``: higher than any epoch this store saw, or, for a
+        writer restarted under the same leader (``continuing``), the store's last."""
         self.position, self.epochs = self._read_position()  # a follower's applied records (ApplyRedo) moved them
-        if self.epochs and epoch <= self.epochs[-1][0]:
-            raise StoreError(f"epoch {epoch} is not above {self.epochs[-1][0]}, the last this store holds")
+        last = self.epochs[-1][0] if self.epochs else 0
+        if epoch < last or (epoch == last and not continuing):
+            raise StoreError(f"epoch {epoch} is not above {last}, the last this store holds")
         self.epoch = epoch
 
     def commit(self, ops: list) -> tuple[list, dict, dict, bool]:
@@ -413,7 +415,7 @@ def serve(path: str, map_size: int, max_map_size: int, sync_each: bool, flush_in
         for message in messages:
             if message[0] == "lead":
                 try:
-                    writer.lead(message[1])
+                    writer.lead(message[1], message[2])
                     link.send(("led",))
                 except StoreError as exc:
                     link.send(("lead-refused", str(exc)))

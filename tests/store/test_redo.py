@@ -156,3 +156,24 @@ def test_a_member_is_a_prefix_of_the_leader_unless_it_holds_an_epoch_tail_the_le
     assert not is_prefix(history, 40, 1, 11)  # epoch 1 ended at 10 on the leader
     assert not is_prefix(history, 40, 3, 29)  # an epoch the leader never had
     assert not is_prefix(history, 40, 4, 41)
+
+
+async def test_a_writer_restarted_while_leading_goes_on_recording_in_the_same_epoch(stores):
+    import asyncio
+    import os
+    import signal
+
+    from halfmq.store import StoreUnavailableError
+
+    leader = await stores("leader")
+    gate = Recorder()
+    leader.set_gate(gate)
+    await leader.lead(4)
+    await put(leader, request(body=b"a"))
+    os.kill(leader.link.pid, signal.SIGKILL)
+    with pytest.raises(StoreUnavailableError):
+        await asyncio.wait_for(put(leader, request(body=b"lost")), 10)
+    await asyncio.wait_for(put(leader, request(body=b"after")), 10)  # a new writer took over
+    # Every commit of the new writer is a record of the same epoch, numbered on from the store's last.
+    assert [r[:2] for r in gate.records] == [(4, 1), (4, 2)]
+    assert leader.position == (4, 2)
