@@ -35,9 +35,13 @@ class ReplicationGate(Protocol):
     #: groups whose replication record's sequence is at most this may be published
     committed: int
 
-    def durable(self, seq: int, records: list[tuple[int, int, bytes]]) -> None:
-        """Groups up to replication sequence ``seq`` are durable here; ``records``: what a leader's writer
-        recorded for them (a follower's groups apply records they were sent)."""
+    def shipped(self, record: tuple[int, int, bytes]) -> None:
+        """A leader's writer committed ``record`` (epoch, sequence, payload); durable here once ``durable`` says
+        so."""
+
+    def durable(self, seq: int) -> None:
+        """Groups up to replication sequence ``seq`` are durable here (a leader's own records, or the records a
+        follower's groups applied)."""
 
 
 class _Group:
@@ -144,12 +148,12 @@ class WriterLink:
         if kind == "done":  # groups now durable (SYNC_FLUSH) or committed (ASYNC_FLUSH), in order
             by_gid = {group.gid: group for group in self.waiting}
             last = None
-            records, durable = [], 0
-            for _last_gid, answers, grown, new_topics, commit_seconds, redo in message[1]:
+            durable = 0
+            for _last_gid, answers, grown, new_topics, commit_seconds, seq in message[1]:
                 if new_topics:
                     self.new_topics(new_topics)
-                if redo is not None:
-                    self.last_seq = redo[1]
+                if seq is not None:
+                    self.last_seq = seq
                 for gid, outcomes in answers:
                     group = by_gid[gid]
                     group.outcomes = outcomes
@@ -160,15 +164,16 @@ class WriterLink:
                 last = by_gid[answers[-1][0]]
                 last.grown = grown
                 self.last_commit_seconds = commit_seconds
-                if redo is not None:
-                    records.append(redo)
             if self.gate is not None and durable:
-                self.gate.durable(durable, records)
+                self.gate.durable(durable)
             self._publish_upto(last.gid)
         elif kind == "failed":
             if self._ready is not None and not self._ready.done():
                 self._ready.set_exception(CorruptStoreError(f"the store at {self.args[0]} cannot be opened: "
                                                             f"{message[1]}"))
+        elif kind == "redo":  # a leader's record, committed (durable once its "done" comes)
+            if self.gate is not None:
+                self.gate.shipped(message[1])
         elif kind in ("led", "lead-refused"):
             if self._leading is not None and not self._leading.done():
                 if kind == "led":

@@ -430,6 +430,12 @@ def serve(path: str, map_size: int, max_map_size: int, sync_each: bool, flush_in
                 per_group.append((gid, outcomes[start:start + len(group_ops)]))
                 start += len(group_ops)
             previous, last_gid = last_gid, chunk[-1][1]
+            redo = writer.redo
+            if redo is not None:
+                # Shipped while its meta page is synced here: the followers apply it meanwhile. It is answered
+                # only once durable here as well ("done"); one a power cut takes from this store was never
+                # answered, and a follower holding it drops it when it follows again (store/redo.py is_prefix).
+                link.send(("redo", redo))
             if sync_each:
                 # Every earlier commit is durable already (each was synced at once): this one's meta page is all a
                 # sync has left to cover, and a commit that wrote nothing needs none.
@@ -438,7 +444,7 @@ def serve(path: str, map_size: int, max_map_size: int, sync_each: bool, flush_in
             elif synced:
                 synced_gid = previous  # this commit's data sync flushed every earlier commit's meta page too
             # The chunk's outcomes, now durable (SYNC_FLUSH) or committed (ASYNC_FLUSH), in group order.
-            link.send(("done", [(last_gid, per_group, grown, new_topics, took, writer.redo)]))
+            link.send(("done", [(last_gid, per_group, grown, new_topics, took, redo[1] if redo else None)]))
         # After the answers: writing ahead never delays an acknowledgement.
         prewriter.after_commit()
         if any(m[0] == "close" for m in messages):

@@ -220,7 +220,10 @@ class ReplicationFollower:
             asyncio.get_running_loop().create_task(self.on_promote(int(ext["epoch"]), int(ext["seq"])))
 
     # --- the store's gate ---
-    def durable(self, seq: int, records: list) -> None:
+    def shipped(self, record) -> None:
+        """A follower's writer records nothing (it never leads while it follows)."""
+
+    def durable(self, seq: int) -> None:
         """Applied records are durable here: acknowledge the last (once per loop iteration)."""
         self._ack_seq = max(self._ack_seq, seq)
         self._durable.set()

@@ -73,6 +73,7 @@ class ReplicationLeader:
         self.epoch = epoch
         epoch_now, seq = self.store.position
         self.local = seq                     #: the last record durable here
+        self.shipped_seq = seq               #: the last record committed here (shipped, maybe not yet durable)
         self.committed = seq                 #: the last record durable on every in-sync member
         self.ring: collections.deque = collections.deque()  # (seq, epoch, payload, durable at)
         self.ring_bytes = 0
@@ -130,16 +131,19 @@ class ReplicationLeader:
                 f"elsewhere")
 
     # --- the store's gate ---
-    def durable(self, seq: int, records: list) -> None:
-        now = time.monotonic()
-        for epoch, rseq, payload in records:
-            self.ring.append((rseq, epoch, payload, now))
-            self.ring_bytes += len(payload)
+    def shipped(self, record: tuple[int, int, bytes]) -> None:
+        """The writer committed a record: it goes to the followers now, while this store syncs it."""
+        epoch, seq, payload = record
+        self.ring.append((seq, epoch, payload, time.monotonic()))
+        self.ring_bytes += len(payload)
         while self.ring_bytes > RING_BYTES and len(self.ring) > 1:
             self.ring_bytes -= len(self.ring.popleft()[2])
-        self.local = max(self.local, seq)
+        self.shipped_seq = seq
         for session in self.sessions.values():
             self._pump(session)
+
+    def durable(self, seq: int) -> None:
+        self.local = max(self.local, seq)
         self._advance()
 
     async def progress(self, timeout: float = 1.0) -> None:
@@ -181,7 +185,7 @@ class ReplicationLeader:
     # --- followers ---
     def follow(self, channel, broker_id: int, addr: str, ha_addr: str, epoch: int, seq: int) -> dict:
         """A follower asks to follow: where its stream starts (the answer's fields)."""
-        if epoch > self.epoch or (epoch == self.epoch and seq > self.local):
+        if epoch > self.epoch or (epoch == self.epoch and seq > self.shipped_seq):
             # It holds records this leader does not: this leader's store was lost or restored. It is refused (a
             # snapshot would throw its records away); writes go on here only if enough other members are in sync
             # (set minInSyncReplicas), and the operator hands the leadership to it. A claim alone does not stop
@@ -196,10 +200,10 @@ class ReplicationLeader:
             self._forget(old)
             old.channel.close()
         epochs = self.store.epochs
-        first = self.ring[0][0] if self.ring else self.local + 1
+        first = self.ring[0][0] if self.ring else self.shipped_seq + 1
         session = FollowerSession(channel, broker_id, addr, next_seq=seq + 1, acked=seq, ha_addr=ha_addr)
         self.sessions[broker_id] = session
-        if is_prefix(epochs, self.local, epoch, seq) and seq + 1 >= first:
+        if is_prefix(epochs, self.shipped_seq, epoch, seq) and seq + 1 >= first:
             log.info("follower %d (%s) follows from record %d", broker_id, addr, seq + 1)
             self._join(session)
             asyncio.get_running_loop().call_soon(self._pump, session)
@@ -259,7 +263,7 @@ class ReplicationLeader:
         if not session.streaming or not session.channel.writable:
             return
         ring = self.ring
-        while session.next_seq <= self.local and session.channel.unread_bytes < HIGH_WATER:
+        while session.next_seq <= self.shipped_seq and session.channel.unread_bytes < HIGH_WATER:
             if not ring or session.next_seq < ring[0][0]:
                 log.warning("follower %d (%s) fell behind the kept records (next %d, oldest kept %s); it will "
                             "resync from a snapshot", session.broker_id, session.addr, session.next_seq,
@@ -296,7 +300,7 @@ class ReplicationLeader:
 
     def lag_seconds(self, session: FollowerSession, now: float | None = None) -> float:
         """How long the oldest record the follower has not acknowledged has been durable here (0: none)."""
-        if session.acked >= self.local or not self.ring:
+        if session.acked >= self.shipped_seq or not self.ring:
             return 0.0
         index = session.acked + 1 - self.ring[0][0]
         if index < 0:
@@ -362,5 +366,5 @@ class ReplicationLeader:
                 "members": sorted(self.members),
                 "followers": [{"brokerId": s.broker_id, "addr": s.addr, "acked": s.acked, "inSync": s.in_sync,
                                "lagMillis": int(1000 * min(self.lag_seconds(s, now), 1e9)),
-                               "behind": self.local - s.acked, "snapshot": not s.streaming}
+                               "behind": self.shipped_seq - s.acked, "snapshot": not s.streaming}
                               for s in sorted(self.sessions.values(), key=lambda s: s.broker_id)]}

@@ -19,9 +19,14 @@ class Recorder:
     def __init__(self):
         self.committed = 1 << 62
         self.records = []
+        self.durable_seq = 0
 
-    def durable(self, seq, records):
-        self.records.extend(records)
+    def shipped(self, record):
+        self.records.append(record)
+
+    def durable(self, seq):
+        assert seq >= self.durable_seq and seq <= self.records[-1][1]  # never durable before shipped
+        self.durable_seq = seq
 
 
 class Follower:
@@ -31,8 +36,10 @@ class Follower:
         self.committed = 0
         self.acked = 0
 
-    def durable(self, seq, records):
-        assert not records
+    def shipped(self, record):
+        raise AssertionError("a follower's writer records nothing")
+
+    def durable(self, seq):
         self.acked = seq
 
 
