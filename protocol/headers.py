@@ -449,7 +449,8 @@ class DeleteSubscriptionGroupRequestHeader(Header):
 @dataclass(slots=True, kw_only=True)
 class RegisterBrokerRequestHeader(Header):
     """REGISTER_BROKER (103): the body is RocketMQ's RegisterBrokerBody in JSON (``compressed`` false).
-    ``grpcAddr`` is halfmq's: where the broker serves RocketMQ 5 clients (absent: it does not)."""
+    ``grpcAddr`` is halfmq's: where the broker serves RocketMQ 5 clients (absent: it does not); so is ``epoch``, the
+    leadership a broker group's leader registers at (RocketMQ 5's stateVersion: the higher one wins)."""
 
     brokerName: str = req()
     brokerAddr: str = req()
@@ -460,6 +461,7 @@ class RegisterBrokerRequestHeader(Header):
     compressed: bool = req(default=False)
     bodyCrc32: int = req(default=0)
     grpcAddr: str | None = opt()
+    epoch: int | None = opt()
 
 
 @dataclass(slots=True, kw_only=True)

@@ -78,10 +78,18 @@ class NameServerProcessor:
         if not 0 <= header.brokerId <= MAX_BROKER_ID:
             raise BrokerError(ResponseCode.SYSTEM_ERROR, f"REGISTER_BROKER: brokerId {header.brokerId} is not 0 (a "
                                                          f"group's leader) to {MAX_BROKER_ID} (its followers)")
+        epoch = header.epoch or 0
+        current = self.table.leader(header.brokerName) if header.brokerId == 0 else None
+        if current is not None and current.addr != header.brokerAddr and current.epoch > epoch:
+            # A leader of an older epoch (one that was paused, or has not heard it was replaced) never takes the
+            # route back from the group's newer leader.
+            raise BrokerError(ResponseCode.SYSTEM_ERROR, f"REGISTER_BROKER: broker group {header.brokerName} is led "
+                                                         f"by {current.addr} at epoch {current.epoch}, above "
+                                                         f"{epoch}")
         topics = self._topics_of(header, cmd.body or b"")
         timeout_ms = header.heartbeatTimeoutMillis or 120_000
         entry = BrokerEntry(header.clusterName, header.brokerName, header.brokerId, header.brokerAddr, topics,
-                            grpc_addr=header.grpcAddr or "", ha_addr=header.haServerAddr or "",
+                            grpc_addr=header.grpcAddr or "", ha_addr=header.haServerAddr or "", epoch=epoch,
                             heard_at=time.monotonic(),
                             timeout_s=max(1.0, timeout_ms / 1000), channel=channel)
         known = self.table.brokers.get((header.brokerName, header.brokerId))

@@ -98,7 +98,8 @@ class Registrar:
             brokerName=cfg.brokerName, brokerAddr=self.broker_addr, clusterName=cfg.brokerClusterName,
             haServerAddr=member.ha_addr if member is not None else "", brokerId=self.broker_id,
             heartbeatTimeoutMillis=cfg.brokerNotActiveTimeoutMillis,
-            compressed=False, bodyCrc32=zlib.crc32(body) & 0x7FFFFFFF, grpcAddr=self.grpc_addr or None)
+            compressed=False, bodyCrc32=zlib.crc32(body) & 0x7FFFFFFF, grpcAddr=self.grpc_addr or None,
+            epoch=member.epoch if member is not None and member.epoch else None)
         cmd = signed(RemotingCommand(RequestCode.REGISTER_BROKER, ext_fields=header.to_ext(), body=body), cfg)
         try:
             answer = await link.request(cmd, REQUEST_TIMEOUT_S)

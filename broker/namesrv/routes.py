@@ -36,6 +36,7 @@ class BrokerEntry:
     topics: Mapping[str, QueueData]
     grpc_addr: str = ""
     ha_addr: str = ""  #: its replication port (a broker group's followers learn their leader's here)
+    epoch: int = 0     #: the leadership a group's leader registered at (0: none given)
     #: monotonic time of the last registration; None: registered in-process, never expires
     heard_at: float | None = None
     timeout_s: float = 120.0

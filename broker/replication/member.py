@@ -68,6 +68,11 @@ class GroupMember:
     def leading(self) -> bool:
         return self.broker_id == 0
 
+    @property
+    def epoch(self) -> int:
+        """The epoch this broker leads at (0 while it does not lead)."""
+        return self.leader.epoch if self.leader is not None else 0
+
     # --- lifecycle ---
     async def start(self) -> None:
         if self.enabled and self.leading:

@@ -213,3 +213,25 @@ async def test_with_acl_only_an_admin_account_registers(tmp_path):
             await broker.stop()
     finally:
         await namesrv.stop()
+
+
+async def test_a_groups_leader_of_an_older_epoch_never_takes_the_route_back():
+    namesrv = await NamesrvProcess().start()
+    try:
+        client = await RawClient.connect(namesrv.addr)
+        ext, body = _registration(name="grp", epoch=2, brokerAddr="127.0.0.1:2", haServerAddr="127.0.0.1:12")
+        assert (await client.request(RequestCode.REGISTER_BROKER, ext, body)).code == ResponseCode.SUCCESS
+        ext, body = _registration(name="grp", epoch=1, brokerAddr="127.0.0.1:3")
+        stale = await client.request(RequestCode.REGISTER_BROKER, ext, body)
+        assert stale.code == ResponseCode.SYSTEM_ERROR and "127.0.0.1:2 at epoch 2" in stale.remark
+        # A follower learns its leader from its registration's answer.
+        ext, body = _registration(name="grp", broker_id=1, brokerAddr="127.0.0.1:4")
+        answer = await client.request(RequestCode.REGISTER_BROKER, ext, body)
+        assert answer.ext_fields == {"haServerAddr": "127.0.0.1:12", "masterAddr": "127.0.0.1:2"}
+        ext, body = _registration(name="grp", epoch=3, brokerAddr="127.0.0.1:3")
+        assert (await client.request(RequestCode.REGISTER_BROKER, ext, body)).code == ResponseCode.SUCCESS
+        route = json.loads((await client.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "T1"})).body)
+        assert route["brokerDatas"][0]["brokerAddrs"] == {"0": "127.0.0.1:3", "1": "127.0.0.1:4"}
+        client.close()
+    finally:
+        await namesrv.stop()
