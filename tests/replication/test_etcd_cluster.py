@@ -45,6 +45,7 @@ async def test_a_killed_member_restarts_on_its_data_and_the_rest_keep_quorum(etc
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
     assert not etcd.members[1].health()
+    etcd.wait_healthy([0, 2])  # if it led etcd, the other two elect a leader of their own first
     assert await put_get(etcd.endpoints[0], "/test/while-one-down", "two") == "two"
     etcd.restart(1)
     assert etcd.members[1].pid != pid and etcd.members[1].health()
@@ -59,4 +60,5 @@ async def test_two_paused_members_leave_no_quorum_until_healed(etcd):
         await put_get(etcd.endpoints[2], "/test/no-quorum", "lost")
     etcd.heal()
     assert all(member.health() for member in etcd.members)
+    assert etcd.members[etcd.leader_index()].running()
     assert await put_get(etcd.endpoints[2], "/test/no-quorum", "back") == "back"

@@ -110,6 +110,12 @@ class EtcdMember:
         except (OSError, ValueError):
             return False
 
+    def status(self) -> dict:
+        """etcd's maintenance status: ``header.member_id`` is this member's id, ``leader`` the one it follows."""
+        request = urllib.request.Request(f"{self.client_url}/v3/maintenance/status", data=b"{}", method="POST")
+        with urllib.request.urlopen(request, timeout=1.0) as answer:
+            return json.loads(answer.read())
+
     def signal(self, signum: int) -> None:
         if not self.running():
             raise EtcdFailed(f"{self.name} is not running")
@@ -179,6 +185,24 @@ class EtcdCluster:
             if time.monotonic() > deadline:
                 raise EtcdFailed(f"not healthy after {timeout} s: {[m.name for m in waiting]}\n"
                                  + "\n".join(m.log_tail(10) for m in waiting))
+            time.sleep(0.05)
+
+    def leader_index(self, timeout: float = 10.0) -> int:
+        """The member that leads etcd's own Raft, as the members agree (polled until they do)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            seen = {}
+            for index, member in enumerate(self.members):
+                try:
+                    status = member.status()
+                except (OSError, ValueError):
+                    continue
+                seen[status["header"]["member_id"]] = (index, status.get("leader"))
+            leaders = {leader for _, leader in seen.values()}
+            if len(leaders) == 1 and (leader := leaders.pop()) in seen:
+                return seen[leader][0]
+            if time.monotonic() > deadline:
+                raise EtcdFailed(f"the members do not agree on a leader after {timeout} s: {seen}")
             time.sleep(0.05)
 
     def kill(self, index: int) -> None:
