@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
+import os
+import signal
 import sys
 import time
 
@@ -90,14 +93,31 @@ async def test_one_of_concurrent_campaigners_wins_and_the_epoch_rises_by_one(ele
     assert second.is_leading() and all(not m.is_leading() for m in members if m is not second)
 
 
-async def test_a_killed_holder_is_replaced_after_its_lease_with_a_higher_epoch(etcd, group_name, elections):
-    follower = await elections("follower")
+async def start_holder(etcd, group_name: str, *isr: str) -> asyncio.subprocess.Process:
+    """tests/support/election_holder.py leading ``group_name`` at epoch 1 with ``isr`` in its in-sync set."""
     holder = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "tests.support.election_holder", ",".join(etcd.endpoints), "TestCluster",
-        group_name, "holder", "follower", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+        group_name, "holder", *isr, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
     try:
         line = await asyncio.wait_for(holder.stdout.readline(), 30)
         assert line.split() == [b"leading", b"1"], line
+    except BaseException:
+        holder.kill()
+        await holder.wait()
+        raise
+    return holder
+
+
+async def ask(holder: asyncio.subprocess.Process, command: str) -> dict:
+    holder.stdin.write(command.encode() + b"\n")
+    await holder.stdin.drain()
+    return json.loads(await asyncio.wait_for(holder.stdout.readline(), 10))
+
+
+async def test_a_killed_holder_is_replaced_after_its_lease_with_a_higher_epoch(etcd, group_name, elections):
+    follower = await elections("follower")
+    holder = await start_holder(etcd, group_name, "follower")
+    try:
         state = await follower.read_group()
         assert state.leader.id == "holder" and "follower" in state.isr.members
         assert await follower.campaign() is None  # it leads: nobody else can
@@ -114,6 +134,32 @@ async def test_a_killed_holder_is_replaced_after_its_lease_with_a_higher_epoch(e
     # margin); and a lease of 2 s is over in about 2 s
     print(f"new leader {elapsed:.3f} s after the holder's SIGKILL")
     assert 2 * LEASE_S / 3 <= elapsed < LEASE_S + 1.0
+
+
+async def test_a_holder_paused_past_its_lease_leads_no_more_when_continued(etcd, group_name, elections):
+    follower = await elections("follower")
+    holder = await start_holder(etcd, group_name, "follower")
+    try:
+        assert await ask(holder, "status") == {"leading": True, "epoch": 1}
+        os.kill(holder.pid, signal.SIGSTOP)
+        paused = time.monotonic()
+        assert await wait_and_campaign(follower, timeout=10) == 2
+        elapsed = time.monotonic() - paused
+        os.kill(holder.pid, signal.SIGCONT)
+        # its deadline passed while it was stopped: whichever of its tasks runs first, it leads no more, and its
+        # change to the in-sync set is refused (by itself, or by etcd's compare of its term)
+        shrink = await ask(holder, "shrink follower")
+        assert shrink["error"] == "NotLeader", shrink
+        assert await ask(holder, "status") == {"leading": False, "epoch": None}
+    finally:
+        if holder.returncode is None:
+            os.kill(holder.pid, signal.SIGCONT)
+            holder.kill()
+        await holder.wait()
+    print(f"new leader {elapsed:.3f} s after the holder's SIGSTOP")
+    assert elapsed >= 2 * LEASE_S / 3
+    state = await follower.read_group()
+    assert state.leader.id == "follower" and state.isr.members == ("holder", "follower") and state.isr.epoch == 2
 
 
 async def test_resign_hands_over_in_milliseconds(elections):
