@@ -252,8 +252,8 @@ class GroupElection:
                 raise
             self._abandon(lease)  # the lease expired between the renewal and the transaction
             return None
-        if not answer.get("succeeded"):
-            return None
+        if not answer.get("succeeded") or lease != self._lease:
+            return None  # lost, or the keep-alive gave the lease up meanwhile (the key goes with it)
         revision = int(answer["header"]["revision"])  # every put of one transaction has its revision
         self._term = _Term(epoch, revision, revision, Isr(tuple(members), epoch, revision))
         log.info("%s: %s leads at epoch %d", self.prefix, self.member_id, epoch)
@@ -297,16 +297,20 @@ class GroupElection:
                      _compare(self.isr_key, "MOD", term.isr.revision)],
                     [_put(self.isr_key, {"members": list(members), "epoch": term.epoch})],
                     [{"request_range": {"key": _b64(key)}} for key in (self.leader_key, self.epoch_key, self.isr_key)])
+                # the term may have ended while etcd answered (the keep-alive gave up): never bring it back
                 if answer.get("succeeded"):
                     isr = Isr(members, term.epoch, int(answer["header"]["revision"]))
-                    self._term = replace(term, isr=isr)
+                    if self._term is term:
+                        self._term = replace(term, isr=isr)
                     return isr
                 leader_kv, epoch_kv, isr_kv = (self._first_kv(r) for r in answer["responses"])
                 if (int(leader_kv.get("create_revision", 0)) != term.leader_revision
                         or int(epoch_kv.get("mod_revision", 0)) != term.epoch_revision):
-                    self._step_down(f"etcd shows another leader or epoch than {term.epoch}")
+                    if self._term is term:
+                        self._step_down(f"etcd shows another leader or epoch than {term.epoch}")
                     raise NotLeader(f"{self.member_id} no longer leads {self.prefix} at epoch {term.epoch}")
-                self._term = replace(term, isr=self._parse_isr(isr_kv))
+                if self._term is term:
+                    self._term = replace(term, isr=self._parse_isr(isr_kv))
             raise ElectionError(f"{self.prefix}: the in-sync set moved twice while changing it")
 
     # --- reading and watching ---
