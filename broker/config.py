@@ -41,6 +41,12 @@ class BrokerConfig:
     minInSyncReplicas: int = _doc("members (the leader counted) that must have a write durable before it is "
                                   "answered; with fewer in sync, writes are refused (code 14); 0 = 2 once the group "
                                   "has had a follower, else 1", default=0, meta={"min": 0, "max": 16})
+    haEtcdEndpoints: str = _doc("etcd client addresses, HOST:PORT,HOST:PORT: the broker group elects its leader there "
+                                "(automatic failover, docs/replication.md); brokerId then only names the member; "
+                                "empty = roles by brokerId", default="")
+    haLeaseSeconds: float = _doc("the elected leader's etcd lease, s: a dead leader is replaced this long after its "
+                                 "last renewal; it stops answering writes after two thirds of it without one",
+                                 default=2.0, meta={"min": 1.0, "max": 60.0})
     haMaxLagMillis: int = _doc("a follower whose oldest unacknowledged record is older than this leaves the in-sync "
                                "set (writes stop waiting for it), ms; it joins again once caught up", default=5000,
                                meta={"min": 100})

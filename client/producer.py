@@ -166,6 +166,8 @@ class Producer:
             ClientError: the topic's route has no writable queue.
         """
         if not queues:
+            # Maybe for a moment (a broker group between leaders): the next send asks the name servers again.
+            self.instance.routes.invalidate(topic)
             raise ClientError(f"topic {topic} has no writable queue")
         return queue or self._pick(queues)
 

@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 RING_BYTES = 256 << 20        #: recent records kept for followers that are behind (older ones: a snapshot)
 MEMBERS_KEY = "repl.members"  #: meta: the ids of the followers that were ever in sync
 HIGH_WATER = 8 << 20          #: bytes queued to a follower's socket before records wait for its acknowledgements
+SHRINK_RETRY_S = 0.5          #: between attempts to remove a member from etcd's in-sync set
 
 
 @dataclass
@@ -80,6 +81,13 @@ class ReplicationLeader:
         self.sessions: dict[int, FollowerSession] = {}      # broker id -> session
         self.members: set[int] = set(self.store.get_meta(MEMBERS_KEY) or ())
         self.refusal: str | None = None      #: why writes are refused besides the in-sync set (a switchover)
+        #: with automatic failover: the monotonic time past which nothing may be answered (the lease), and what
+        #: keeps the in-sync set in etcd (grow, shrink); None: this leader alone decides (roles by brokerId)
+        self.deadline = None
+        self.isr_keeper = None
+        #: members out of sync here (gone, or lagging) but still in etcd's in-sync set until removed there: waited
+        #: for (at the record they acknowledged) as if in sync
+        self.ghosts: dict[int, int] = {}
         self._notify = False
         self._progress: asyncio.Future | None = None
         self._lag_task: asyncio.Task | None = None
@@ -114,12 +122,19 @@ class ReplicationLeader:
         return configured if configured > 0 else (2 if self.members else 1)
 
     def in_sync(self) -> list[int]:
-        """The in-sync set: the leader's id (0) and its in-sync followers'."""
-        return [0] + sorted(s.broker_id for s in self.sessions.values() if s.in_sync)
+        """The in-sync set: the leader's id (0) and its in-sync followers' (and, with failover, those etcd still
+        lists)."""
+        return [0] + sorted({s.broker_id for s in self.sessions.values() if s.in_sync} | set(self.ghosts))
+
+    def _leased(self) -> bool:
+        return self.deadline is None or time.monotonic() < self.deadline()
 
     def write_refusal(self) -> Exception | None:
         if self.refusal is not None:
             return ReplicationError(self.refusal)
+        if not self._leased():
+            return ReplicationError(f"broker group {self.config.brokerName}'s leader has no confirmed lease: it "
+                                    f"may be replaced; nothing was stored")
         isr = self.in_sync()
         if len(isr) < self.min_in_sync:
             return ReplicationError(self._short(isr))
@@ -164,7 +179,10 @@ class ReplicationLeader:
             self.store.link.fail_held(ReplicationError(
                 self._short(isr).replace("nothing was stored", "the write may be stored")))
             return
-        committed = min([self.local] + [s.acked for s in self.sessions.values() if s.in_sync])
+        if not self._leased():
+            return  # past the lease, nothing is answered: another leader may exist
+        committed = min([self.local] + [s.acked for s in self.sessions.values() if s.in_sync]
+                        + list(self.ghosts.values()))
         if committed > self.committed:
             self.committed = committed
             self.store.link.release()
@@ -197,6 +215,8 @@ class ReplicationLeader:
         old = self.sessions.get(broker_id)
         if old is not None and old.channel is not channel:
             log.info("follower %d (%s) connected again; its earlier link is closed", broker_id, addr)
+            if old.in_sync:
+                self._leave(old)
             self._forget(old)
             old.channel.close()
         epochs = self.store.epochs
@@ -235,7 +255,10 @@ class ReplicationLeader:
         if session.in_sync or not session.streaming or session.acked < self.committed:
             return
         session.in_sync = True
+        self.ghosts.pop(session.broker_id, None)  # counted as itself from now on
         log.info("follower %d (%s) is in sync at record %d", session.broker_id, session.addr, session.acked)
+        if self.isr_keeper is not None:  # counted here first, then in etcd (KIP-497's order)
+            asyncio.get_running_loop().create_task(self._grow(session.broker_id))
         if session.broker_id not in self.members:
             self.members.add(session.broker_id)
             self.store.submit(PutMeta(MEMBERS_KEY, sorted(self.members)))
@@ -244,8 +267,38 @@ class ReplicationLeader:
         session = self._session(channel)
         if session is not None:
             log.warning("follower %d (%s) disconnected", session.broker_id, session.addr)
+            if session.in_sync:
+                self._leave(session)
             self._forget(session)
             self._advance()
+
+    def _leave(self, session: FollowerSession) -> None:
+        """A follower leaves the in-sync set. With failover, etcd first: until it removed the member there, the
+        leader goes on waiting for it (a ghost), so etcd's set never holds a member the leader did not wait for."""
+        session.in_sync = False
+        if self.isr_keeper is None:
+            return
+        self.ghosts[session.broker_id] = session.acked
+        asyncio.get_running_loop().create_task(self._shrink(session.broker_id))
+
+    async def _shrink(self, broker_id: int) -> None:
+        while broker_id in self.ghosts and self.isr_keeper is not None:
+            try:
+                removed = await self.isr_keeper.shrink(broker_id)
+            except Exception as exc:  # etcd unavailable: it stays waited for (writes wait, or are refused)
+                log.warning("could not remove follower %d from the in-sync set in etcd: %s", broker_id, exc)
+                await asyncio.sleep(SHRINK_RETRY_S)
+                continue
+            if removed:
+                self.ghosts.pop(broker_id, None)
+                self._advance()
+            return
+
+    async def _grow(self, broker_id: int) -> None:
+        try:
+            await self.isr_keeper.grow(broker_id)
+        except Exception as exc:  # counted here anyway: etcd's set is a subset of what the leader waits for
+            log.warning("could not add follower %d to the in-sync set in etcd: %s", broker_id, exc)
 
     def _session(self, channel) -> FollowerSession | None:
         for session in self.sessions.values():
@@ -293,7 +346,7 @@ class ReplicationLeader:
         now = time.monotonic()
         for session in self.sessions.values():
             if session.in_sync and self.lag_seconds(session, now) > limit:
-                session.in_sync = False
+                self._leave(session)
                 log.warning("follower %d (%s) left the in-sync set: record %d is unacknowledged for over %d ms",
                             session.broker_id, session.addr, session.acked + 1, self.config.haMaxLagMillis)
         self._advance()
@@ -362,6 +415,7 @@ class ReplicationLeader:
     def status(self) -> dict:
         now = time.monotonic()
         return {"role": "leader", "epoch": self.epoch, "seq": self.local, "committed": self.committed,
+                "leased": self._leased(),
                 "minInSyncReplicas": self.min_in_sync, "inSync": self.in_sync(),
                 "members": sorted(self.members),
                 "followers": [{"brokerId": s.broker_id, "addr": s.addr, "acked": s.acked, "inSync": s.in_sync,

@@ -33,6 +33,7 @@ from halfmq.protocol.command import RemotingCommand
 from ..errors import BrokerError, Failure
 from ..services.leading import LeaderServices
 from . import wire
+from .failover import Failover, member_id
 from .follower import ReplicationFollower
 from .leader import ReplicationLeader
 
@@ -42,7 +43,8 @@ SWITCH_TIMEOUT_S = 30.0
 
 
 def replicated(config) -> bool:
-    return config.haListenPort >= 0 and bool(config.namesrvAddr or config.haMasterAddress or config.brokerId > 0)
+    return config.haListenPort >= 0 and bool(config.namesrvAddr or config.haMasterAddress or config.brokerId > 0
+                                             or config.haEtcdEndpoints)
 
 
 class GroupMember:
@@ -63,6 +65,14 @@ class GroupMember:
         self.broker_id: int = saved.get("brokerId", self.config.brokerId) if self.enabled else self.config.brokerId
         self.leader_ha_addr: str = saved.get("leader", "") or self.config.haMasterAddress
         self._switching = asyncio.Lock()
+        #: with haEtcdEndpoints: the election decides the role; ``election_id`` names this member there and is the
+        #: id routes show while it follows
+        self.failover: Failover | None = None
+        self.election_id = member_id(self.config, saved.get("electionId")) if self.config.haEtcdEndpoints else 0
+        if self.election_id:
+            self.broker_id = self.election_id
+            if saved.get("electionId") != self.election_id:
+                self._write_role({"electionId": self.election_id})
 
     @property
     def leading(self) -> bool:
@@ -75,7 +85,10 @@ class GroupMember:
 
     # --- lifecycle ---
     async def start(self) -> None:
-        if self.enabled and self.leading:
+        if self.election_id:
+            self.failover = Failover(self, self.election_id)
+            await self.failover.start()
+        elif self.enabled and self.leading:
             await self._lead(self._next_epoch())
         elif self.enabled:
             self._follow()
@@ -83,6 +96,8 @@ class GroupMember:
             self.services.start()
 
     async def stop(self) -> None:
+        if self.failover is not None:
+            await self.failover.stop()  # resigns first: another member takes over at once
         await self.services.stop()
         if self.leader is not None:
             await self.leader.stop()
@@ -95,10 +110,14 @@ class GroupMember:
         epochs = self.ctx.store.epochs
         return (epochs[-1][0] if epochs else 0) + 1
 
-    async def _lead(self, epoch: int) -> None:
+    async def _lead(self, epoch: int, election=None) -> None:
         store = self.ctx.store
         await store.lead(epoch)
         self.leader = ReplicationLeader(self.ctx, epoch)
+        if election is not None:
+            # Elected: nothing is answered past the lease, and the in-sync set is kept in etcd.
+            self.leader.deadline = lambda: election.leading_until
+            self.leader.isr_keeper = self.failover
         self.leader.start()
         self.ctx.metrics.load_pending()
         self.services.start()
@@ -106,12 +125,57 @@ class GroupMember:
                  store.position[1])
 
     def _follow(self) -> None:
-        self.follower = ReplicationFollower(self.ctx, self.leader_ha_addr or None, find_leader=self.find_leader,
+        # With failover the election names the leader; the name servers' view may be a term behind.
+        self.follower = ReplicationFollower(self.ctx, self.leader_ha_addr or None,
+                                            find_leader=None if self.election_id else self.find_leader,
                                             on_promote=self._promoted, broker_id=self.broker_id,
                                             ha_addr=self.ha_addr)
         self.follower.start()
         log.info("following the leader of broker group %s (%s) as brokerId %d", self.config.brokerName,
                  self.leader_ha_addr or "from the name servers", self.broker_id)
+
+    # --- roles from the election (failover.py) ---
+    async def take_over(self, epoch: int, election) -> None:
+        """Elected at ``epoch``: lead, as after a restart. The in-sync set starts as this member alone (the others
+        join again once they acknowledged everything committed: the set never holds a member not waited for)."""
+        follower, self.follower = self.follower, None
+        if follower is not None:
+            await follower.stop()
+        self.broker_id = 0
+        await self._lead(epoch, election)
+        others = [m for m in (election.isr.members if election.isr else ()) if m != str(self.election_id)]
+        if others:
+            await election.shrink_isr(others)
+        if self.on_role_change is not None:
+            await self.on_role_change()
+
+    async def follow(self, leader_ha_addr: str) -> None:
+        """The election names another leader: follow it (stepping down first if this broker led)."""
+        if self.leader is not None:
+            await self.step_down(f"{leader_ha_addr} leads")
+        if self.follower is not None and self.follower.leader_addr == leader_ha_addr:
+            return
+        if self.follower is not None:
+            follower, self.follower = self.follower, None
+            await follower.stop()
+        self.broker_id = self.election_id
+        self.leader_ha_addr = leader_ha_addr
+        self._follow()
+        if self.on_role_change is not None:
+            await self.on_role_change()
+
+    async def step_down(self, reason: str) -> None:
+        """Stop leading now (the lease is lost, or another leader exists): writes waiting for copies fail, the
+        leader's services stop; the election loop then follows whoever leads."""
+        leader, self.leader = self.leader, None
+        if leader is None:
+            return
+        log.warning("stepping down as the leader of %s: %s", self.config.brokerName, reason)
+        await self.services.stop()
+        await leader.stop()
+        self.broker_id = self.election_id
+        if self.on_role_change is not None:
+            await self.on_role_change()
 
     # --- the replication port's requests (the leader serves them) ---
     def register(self, dispatcher) -> None:
@@ -163,6 +227,9 @@ class GroupMember:
         if self.leader is None:
             raise BrokerError(Failure.BAD_REQUEST, "this broker does not lead its group: send switchLeader to the "
                                                    "leader")
+        if self.failover is not None:
+            raise BrokerError(Failure.BAD_REQUEST, "this group elects its leader on etcd (haEtcdEndpoints): stop "
+                                                   "the leader to hand over")
         async with self._switching:
             leader = self.leader
             session = leader.sessions.get(target_id)
@@ -233,9 +300,13 @@ class GroupMember:
             return {}
 
     def _save_role(self, broker_id: int, leader_ha_addr: str) -> None:
+        self._write_role({"brokerId": broker_id, "leader": leader_ha_addr})
+
+    def _write_role(self, role: dict) -> None:
+        os.makedirs(os.path.dirname(self._role_path), exist_ok=True)
         temp = self._role_path + ".tmp"
         with open(temp, "w") as file:
-            json.dump({"brokerId": broker_id, "leader": leader_ha_addr}, file)
+            json.dump(role, file)
             file.flush()
             os.fsync(file.fileno())
         os.replace(temp, self._role_path)
@@ -245,5 +316,5 @@ class GroupMember:
         if not self.enabled:
             return {"role": "standalone", "brokerId": self.broker_id}
         part = self.leader.status() if self.leader is not None else \
-            self.follower.status() if self.follower is not None else {"role": "stopped"}
+            self.follower.status() if self.follower is not None else {"role": "candidate"}
         return {"brokerId": self.broker_id, "haAddr": self.ha_addr, **part}
