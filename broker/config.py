@@ -212,7 +212,7 @@ class BrokerConfig:
         "before it is buffered", default=1 << 20, meta={"min": 64 << 10, "max": 64 << 20})
     grpcMaxStreamsPerConnection: int = _doc(
         "RPCs one gRPC connection may have open at once (HTTP/2's max concurrent streams): more wait in the client "
-        "until one ends; each open receive can hold an answer waiting for the client's window, so this bounds what "
+        "until one ends (one a client opens anyway is refused REFUSED_STREAM); each open receive can hold an answer waiting for the client's window, so this bounds what "
         "a connection that never reads costs", default=256, meta={"min": 1, "max": 65_536})
     grpcMaxAckEntries: int = _doc("most entries in one AckMessage (a receive hands out at most 1024 messages); more "
                                   "are refused BAD_REQUEST", default=1024, meta={"min": 1, "max": 100_000})

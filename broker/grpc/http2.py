@@ -12,8 +12,11 @@ the client (its deadline passed, it cancelled) cancels its handler. Bounds:
 
 - a request message longer than ``max_request`` is refused RESOURCE_EXHAUSTED from its length prefix; the rest of
   it is never buffered;
-- at most ``max_streams`` calls open on a connection (SETTINGS_MAX_CONCURRENT_STREAMS; a client opening more gets
-  its connection closed, as HTTP/2 says);
+- at most ``max_streams`` calls open on a connection (SETTINGS_MAX_CONCURRENT_STREAMS): a call beyond it is reset
+  REFUSED_STREAM (RFC 9113 5.1.2; the client may retry it), the connection and its other calls go on (h2 would
+  close the whole connection, ``_H2Connection``);
+- a call's ``grpc-timeout`` is its deadline: once it passes, the call is answered DEADLINE_EXCEEDED and its handler
+  cancelled, whether or not the client reset it;
 - bytes of requests held incomplete on a connection: above ``max_held_bytes`` only the oldest incomplete request's
   stream is given more flow-control window (one always finishes), so the others wait in the client; and beyond
   128 KiB they are charged to the budget the remoting connections share (serverMaxBufferedFrameBytes);
@@ -47,7 +50,10 @@ log = logging.getLogger(__name__)
 
 UNARY, SERVER_STREAM, BIDI = "unary", "server-stream", "bidi"
 #: gRPC status codes the transport itself answers with
-OK, CANCELLED, UNKNOWN, INTERNAL, UNIMPLEMENTED, RESOURCE_EXHAUSTED, UNAVAILABLE = 0, 1, 2, 13, 12, 8, 14
+OK, CANCELLED, UNKNOWN, DEADLINE_EXCEEDED, INTERNAL, UNIMPLEMENTED, RESOURCE_EXHAUSTED, UNAVAILABLE = \
+    0, 1, 2, 4, 13, 12, 8, 14
+#: grpc-timeout: at most 8 digits and a unit (gRPC over HTTP/2), in seconds per unit
+_TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 STREAM_WINDOW = 64 << 10  #: flow-control window of each call's request, bytes: what a call may send unacknowledged
 _PREFIX = struct.Struct(">BI")
 _RESPONSE_HEADERS = ((b":status", b"200"), (b"content-type", b"application/grpc"),
@@ -109,9 +115,30 @@ class _Requests:
         return request
 
 
+def grpc_timeout(value: bytes) -> float | None:
+    """A grpc-timeout header's seconds; None for a malformed one (the call then has no deadline, as grpc-go)."""
+    unit = _TIMEOUT_UNITS.get(value[-1:])
+    digits = value[:-1]
+    if unit is None or not 0 < len(digits) <= 8 or not digits.isdigit():
+        return None
+    return int(digits) * unit
+
+
+class _H2Connection(h2.connection.H2Connection):
+    """h2's connection, less its own SETTINGS_MAX_CONCURRENT_STREAMS check: it closes the whole connection when a
+    client opens one stream too many (TooManyStreamsError), where RFC 9113 allows refusing that stream alone
+    (``_Connection._request``). Its count also walked every stream for each new one."""
+
+    @property
+    def open_inbound_streams(self) -> int:
+        if len(self.streams) > 2 * self.local_settings.max_concurrent_streams:
+            super().open_inbound_streams  # h2 forgets its closed streams as it counts
+        return 0
+
+
 class _Stream:
     __slots__ = ("conn", "id", "method", "metadata", "buffer", "needed", "task", "inbox", "inbox_waiter",
-                 "remote_ended", "headers_sent", "closed", "window_waiter", "unacked")
+                 "remote_ended", "headers_sent", "closed", "window_waiter", "unacked", "deadline")
 
     def __init__(self, conn: "_Connection", stream_id: int, method: Method, metadata):
         self.conn, self.id, self.method, self.metadata = conn, stream_id, method, metadata
@@ -125,6 +152,7 @@ class _Stream:
         self.closed = False
         self.window_waiter: asyncio.Future | None = None
         self.unacked = 0  #: flow-controlled bytes received and not yet acknowledged
+        self.deadline: asyncio.TimerHandle | None = None  #: grpc-timeout's
 
     def wake_reader(self) -> None:
         if self.inbox_waiter is not None and not self.inbox_waiter.done():
@@ -222,7 +250,7 @@ class _Connection(asyncio.Protocol):
         config = h2.config.H2Configuration(client_side=False, header_encoding=None, validate_inbound_headers=False,
                                            normalize_inbound_headers=False, validate_outbound_headers=False,
                                            normalize_outbound_headers=False, split_outbound_cookies=False)
-        self.h2 = h2.connection.H2Connection(config=config)
+        self.h2 = _H2Connection(config=config)
         self.h2.local_settings = h2.settings.Settings(client=False, initial_values={
             h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: server.max_streams,
             h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
@@ -336,12 +364,18 @@ class _Connection(asyncio.Protocol):
 
     # --- requests ---
     def _request(self, event) -> None:
+        if len(self.streams) >= self.server.max_streams:
+            self.h2.reset_stream(event.stream_id, ErrorCodes.REFUSED_STREAM)
+            return
         headers = event.headers
         path = b""
+        timeout = None
         metadata = []
         for name, value in headers:
             if name == b":path":
                 path = value
+            elif name == b"grpc-timeout":
+                timeout = grpc_timeout(value)
             elif name[:1] != b":":
                 try:
                     metadata.append((name.decode("ascii"), value.decode("utf-8")))
@@ -353,8 +387,14 @@ class _Connection(asyncio.Protocol):
             return
         stream = _Stream(self, event.stream_id, method, tuple(metadata))
         self.streams[stream.id] = stream
+        if timeout is not None:
+            stream.deadline = asyncio.get_running_loop().call_later(timeout, self._deadline_passed, stream.id)
         if method.kind == BIDI:
             self._start(stream, _Requests(stream))
+
+    def _deadline_passed(self, stream_id: int) -> None:
+        self._refuse(stream_id, DEADLINE_EXCEEDED, "the call's deadline (grpc-timeout) passed")
+        self.flush()
 
     def _refuse(self, stream_id: int, code: int, message: str) -> None:
         stream = self.streams.get(stream_id)
@@ -488,6 +528,8 @@ class _Connection(asyncio.Protocol):
         if stream is None:
             return
         stream.closed = True
+        if stream.deadline is not None:
+            stream.deadline.cancel()
         self._forget_incomplete(stream)
         self.acknowledge(stream)  # the connection's window
         if stream.task is not None:
@@ -498,6 +540,8 @@ class _Connection(asyncio.Protocol):
     def forget(self, stream: _Stream) -> None:
         """The call is answered: what more arrives for it is acknowledged and dropped."""
         stream.closed = True
+        if stream.deadline is not None:
+            stream.deadline.cancel()
         self.streams.pop(stream.id, None)
         self._forget_incomplete(stream)
         self.acknowledge(stream)

@@ -9,7 +9,9 @@ import time
 
 import h2.config
 import h2.connection
+import h2.errors
 import h2.events
+import h2.settings
 import pytest
 
 from halfmq.broker.grpc.schema import SERVICE
@@ -65,13 +67,17 @@ class RawClient:
             if any(isinstance(e, h2.events.PingAckReceived) for e in events):
                 return
 
-    def trailers(self, stream_id: int) -> dict[bytes, bytes]:
+    def trailers(self, stream_id: int, timeout: float = 20.0) -> dict[bytes, bytes]:
         """The trailers (or trailers-only headers) that ended ``stream_id``, read as they come."""
+        deadline = time.monotonic() + timeout
         while True:
             for event in self.events:
                 if isinstance(event, (h2.events.TrailersReceived, h2.events.ResponseReceived)) and \
                         event.stream_id == stream_id and any(k == b"grpc-status" for k, _ in event.headers):
                     return dict(event.headers)
+            assert time.monotonic() < deadline, f"stream {stream_id} did not end within {timeout} s"
+            if not select.select([self.sock], [], [], 0.05)[0]:
+                continue
             self.round_trip()
 
     def close(self) -> None:
@@ -217,3 +223,54 @@ def test_incomplete_requests_share_the_brokers_budget_with_every_connection(grpc
     finally:
         hog.close()
         late.close()
+
+
+def test_a_call_over_the_stream_limit_is_refused_alone(grpc_broker_factory):
+    """SETTINGS_MAX_CONCURRENT_STREAMS (grpcMaxStreamsPerConnection) exceeded by one call: that call is reset
+    REFUSED_STREAM (RFC 9113 5.1.2: the client may retry it) and the connection and its open calls go on. Before,
+    h2 closed the connection (GOAWAY PROTOCOL_ERROR) and every call on it failed."""
+    broker = grpc_broker_factory(grpcMaxStreamsPerConnection=2)
+    client = RawClient(broker.endpoint)
+    try:
+        # this client ignores the broker's limit, as a faulty or hostile one would
+        client.h2.remote_settings[h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS] = 100
+        client.h2.remote_settings.acknowledge()
+        opened = [client.call(f"/{SERVICE}/QueryRoute") for _ in range(2)]  # open: no message sent yet
+        extra = client.call(f"/{SERVICE}/QueryRoute")
+        client.round_trip()
+        resets = [e for e in client.events if isinstance(e, h2.events.StreamReset)]
+        assert [(e.stream_id, e.error_code) for e in resets] == [(extra, h2.errors.ErrorCodes.REFUSED_STREAM)]
+        for stream_id in opened:  # the calls in progress finish
+            client.send(stream_id, prefix(0), end=True)
+            assert client.trailers(stream_id)[b"grpc-status"] == b"0"
+        assert unary(client, f"/{SERVICE}/QueryRoute", prefix(0))[b"grpc-status"] == b"0"  # room again
+    finally:
+        client.close()
+
+
+def test_a_call_whose_grpc_timeout_passes_is_answered_deadline_exceeded_and_its_handler_cancelled(grpc_broker):
+    """grpc-timeout is the call's deadline: a Telemetry stream the client keeps open past it ends with status 4
+    (DEADLINE_EXCEEDED) and its handler is gone. Before, the deadline was not read: a client that never reset
+    its call kept the handler (and what it holds) for ever."""
+    client = RawClient(grpc_broker.endpoint)
+    try:
+        stream_id = client.h2.get_next_available_stream_id()
+        client.h2.send_headers(stream_id, [(":method", "POST"), (":scheme", "http"), (":path", f"/{SERVICE}/Telemetry"),
+                                           (":authority", "halfmq"), ("content-type", "application/grpc"),
+                                           ("te", "trailers"), ("x-mq-client-id", "raw@1"), ("grpc-timeout", "300m")])
+        client._flush()
+        started = time.monotonic()
+        assert client.trailers(stream_id)[b"grpc-status"] == b"4"
+        assert time.monotonic() - started >= 0.25
+        connection = next(iter(grpc_broker.broker.grpc._server.connections))
+        wait_until(lambda: not connection.tasks and not connection.streams)
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("value, seconds", [(b"300m", 0.3), (b"2S", 2.0), (b"1H", 3600.0), (b"99999999n", 0.099999999),
+                                            (b"", None), (b"m", None), (b"123456789S", None), (b"1x", None),
+                                            (b"-1S", None), (b"1.5S", None)])
+def test_grpc_timeout_values(value, seconds):
+    from halfmq.broker.grpc.http2 import grpc_timeout
+    assert grpc_timeout(value) == seconds
