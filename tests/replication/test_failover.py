@@ -154,3 +154,44 @@ def _sent(producer, body: bytes):
 
 async def _follows(member) -> bool:
     return (await status(member))["role"] == "follower"
+
+
+async def test_halves_whose_leader_died_are_checked_back_by_the_new_leader_as_the_producer_says(tmp_path, etcd):
+    from halfmq.client import LocalTransactionState as S, TransactionProducer
+
+    group = await ElectedGroup(tmp_path, etcd, flags=("--transactionTimeOut=500",
+                                                      "--transactionCheckInterval=500")).start()
+    try:
+        leader = await elected(group)
+
+        class Listener:
+            async def execute_local_transaction(self, msg, arg):
+                return S.UNKNOW  # the producer "crashed" before deciding: only a check-back decides
+
+            async def check_local_transaction(self, msg):
+                return S.COMMIT_MESSAGE if msg.keys.startswith("c") else S.ROLLBACK_MESSAGE
+
+        async with TransactionProducer("TXG_FAILOVER", Listener(), group.namesrv_addr) as producer:
+            for i in range(5):
+                for kind in "cr":
+                    await producer.send_half(Message("TxFailover", f"{kind}{i}".encode(), keys=f"{kind}{i}"))
+            await group.members[leader].kill_group()
+            new_leader = await elected(group, exclude=leader)
+            # A send finds the new leader (and heartbeats it): its check-backs reach this producer.
+            await until(_sent_in_transaction(producer), 30, "a transaction through the new leader")
+            expected = {f"c{i}".encode() for i in range(5)} | {b"c-after"}
+
+            async def resolved():
+                return set(await bodies_at(group.members[new_leader].broker_addr, "TxFailover", queues=8)) == expected
+            await until(resolved, 60, "every half resolved by the new leader's check-backs")
+        held = await bodies_at(group.members[new_leader].broker_addr, "TxFailover", queues=8)
+        assert sorted(b for b in held if b != b"c-after") == sorted(expected - {b"c-after"})  # each once, no r*
+    finally:
+        await group.stop()
+
+
+def _sent_in_transaction(producer):
+    async def check():
+        result = await producer.send_half(Message("TxFailover", b"c-after", keys="c-after"))
+        return result is not None
+    return check
