@@ -36,6 +36,8 @@ def produce(args):
     producer.set_name_server_address(args["namesrv"])
     producer.start()
     for i in range(args["count"]):
+        if i and args.get("interval"):
+            time.sleep(args["interval"])  # a paced producer: its sends span a failover
         try:
             result = producer.send_sync(message(args["topic"], i, args.get("prefix", "")))
         except Exception as exc:  # a refused send: reported with "tolerate", else the scenario fails

@@ -45,3 +45,36 @@ async def test_cpp_sends_are_on_every_in_sync_member_and_refused_without_enough_
         assert [line["status"] for line in again if "i" in line] == [0, 0, 0]
     finally:
         await group.stop()
+
+
+async def test_a_cpp_producer_keeps_sending_through_a_failover_with_nothing_acknowledged_lost(tmp_path, run_peer,
+                                                                                           etcd):
+    import asyncio
+
+    from tests.replication.test_failover import ElectedGroup, elected
+
+    group = await ElectedGroup(tmp_path, etcd).start()
+    try:
+        leader = await elected(group)
+        async with Admin(group.namesrv_addr, broker=group.members[leader].broker_addr) as admin:
+            await admin.update_topic(TOPIC, 4, 4)
+        producing = asyncio.ensure_future(run_peer(
+            "produce", {"namesrv": group.namesrv_addr, "group": "PG_FAILOVER_CPP", "topic": TOPIC, "count": 500,
+                        "interval": 0.1, "tolerate": True}, timeout=240))
+        await until(lambda: _stored_at_least(group, leader, 50), 60, "the C++ producer's first sends")
+        await group.members[leader].kill_group()
+        new_leader = await elected(group, exclude=leader)
+        outcomes = [line for line in await producing if "i" in line]
+    finally:
+        survivors = [m for i, m in enumerate(group.members) if m.proc.returncode is None]
+        held = set(await bodies_at(survivors[0].broker_addr, TOPIC)) if survivors else set()
+        await group.stop()
+    acked = {f"body-{o['i']}".encode() for o in outcomes if o.get("status") == 0}
+    after = [o for o in outcomes if o.get("status") == 0 and o["i"] > 100]
+    assert after, "the C++ producer sent nothing through the new leader"
+    assert acked <= held, f"{len(acked - held)} acknowledged messages lost"
+    assert all(o.get("status") in (0, None) for o in outcomes), "a status other than SEND_OK"
+
+
+async def _stored_at_least(group, index: int, count: int) -> bool:
+    return len(await bodies_at(group.members[index].broker_addr, TOPIC)) >= count
