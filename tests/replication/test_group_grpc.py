@@ -52,3 +52,60 @@ async def test_a_rocketmq5_producer_sends_through_the_leader_and_the_follower_ho
         assert await bodies_at(follower.broker_addr, TOPIC, queues=8) == sorted(b"g%d" % i for i in range(100))
     finally:
         await group.stop()
+
+
+async def test_a_rocketmq5_producer_keeps_sending_through_a_failover_with_nothing_acknowledged_lost(tmp_path, etcd):
+    import time
+
+    from tests.replication.test_failover import ElectedGroup, elected
+
+    group = await ElectedGroup(tmp_path, etcd, flags=("--grpcListenPort=0",)).start()
+    try:
+        leader = await elected(group)
+        entry = next(m for i, m in enumerate(group.members) if i != leader)  # the client's first endpoint lives
+        killed = asyncio.Event()
+        acked: dict[bytes, float] = {}
+        begun: dict[bytes, float] = {}
+
+        def produce() -> None:
+            config = ClientConfiguration(entry.grpc_addr, Credentials("", ""), request_timeout=3)
+            producer = Producer(config, (TOPIC,))
+            producer.startup()
+            try:
+                deadline = time.monotonic() + 90
+                i = 0
+                while time.monotonic() < deadline:
+                    msg = Message()
+                    msg.topic, msg.body = TOPIC, b"f%d" % i
+                    i += 1
+                    started = time.monotonic()
+                    try:
+                        producer.send(msg)
+                        acked[msg.body], begun[msg.body] = time.monotonic(), started
+                    except Exception:  # noqa: BLE001 - the leader is gone: not acknowledged
+                        time.sleep(0.1)
+                        continue
+                    if killed.is_set() and any(t > killed_at[0] for t in begun.values()):
+                        return
+                    time.sleep(0.02)
+            finally:
+                producer.shutdown()
+
+        killed_at = [0.0]
+        producing = asyncio.ensure_future(asyncio.to_thread(produce))
+        await until(lambda: _at_least(acked, 30), 60, "the first sends")
+        killed_at[0] = time.monotonic()
+        await group.members[leader].kill_group()
+        killed.set()
+        await elected(group, exclude=leader)
+        await asyncio.wait_for(producing, 120)
+        resumed = min(acked[b] for b, t in begun.items() if t > killed_at[0]) - killed_at[0]
+        print(f"the RocketMQ 5 producer's first send acknowledged {resumed:.1f} s after the leader was killed")
+        held = set(await bodies_at(entry.broker_addr, TOPIC, queues=8))
+        assert set(acked) <= held, f"{len(set(acked) - held)} acknowledged messages lost"
+    finally:
+        await group.stop()
+
+
+async def _at_least(acked: dict, count: int) -> bool:
+    return len(acked) >= count
