@@ -274,3 +274,54 @@ def test_a_call_whose_grpc_timeout_passes_is_answered_deadline_exceeded_and_its_
 def test_grpc_timeout_values(value, seconds):
     from halfmq.broker.grpc.http2 import grpc_timeout
     assert grpc_timeout(value) == seconds
+
+
+def test_reused_header_blocks_decode_and_encode_as_hpack_does():
+    """The connection's decoder gives back the headers of a block it decoded before, and its encoder the block of
+    headers it encoded before, while the dynamic table is unchanged: random header sets, repeated, new, indexed
+    or not, table size updates among them, come out as hpack's own decoder and encoder make them."""
+    import random
+
+    import hpack
+
+    from halfmq.broker.grpc.http2 import _ReusingDecoder, _ReusingEncoder
+
+    rng = random.Random(43)
+    names = [b"x-mq-client-id", b"grpc-timeout", b"x-mq-date-time", b"custom", b":path", b"content-type"]
+    sets = [tuple((rng.choice(names), b"v%d" % rng.randrange(6)) for _ in range(rng.randrange(1, 5)))
+            for _ in range(12)]
+    client, plain, reusing = hpack.Encoder(), hpack.Decoder(), _ReusingDecoder()
+    ours, theirs, check = _ReusingEncoder(), hpack.Encoder(), hpack.Decoder()
+    for _ in range(3000):
+        if rng.random() < 0.01:  # a table size update, announced in the next block
+            client.header_table_size = rng.choice([64, 256, 4096])
+        headers = rng.choice(sets)
+        block = client.encode(headers)
+        assert reusing.decode(block, raw=True) == plain.decode(block, raw=True)
+        if rng.random() < 0.01:
+            size = rng.choice([64, 256, 4096])
+            ours.header_table_size = theirs.header_table_size = size
+        encoded = ours.encode(list(headers))  # as h2 hands them over
+        assert encoded == theirs.encode(headers)
+        assert check.decode(encoded, raw=True) == list(headers)
+
+
+def test_the_connection_receives_frames_as_h2_does_less_the_trace():
+    """_H2Connection._receive_frame is h2's, less the trace line that built every frame's repr: an h2 whose own
+    changed fails here, so the copy is looked at again."""
+    import inspect
+    import re
+
+    import h2.connection
+
+    from halfmq.broker.grpc.http2 import _H2Connection
+
+    def code(function) -> list[str]:
+        lines = inspect.getsource(function).split("\n")
+        text = "\n".join(line.split("#")[0].rstrip() for line in lines)
+        text = re.sub(r'"""(.|\n)*?"""', "", text)
+        text = text.replace("h2.exceptions.", "")
+        body = [line.strip() for line in text.split("\n")[1:] if line.strip()]  # less the signature
+        return [line for line in body if line != "events: list[Event]" and "logger.trace" not in line]
+
+    assert code(_H2Connection._receive_frame) == code(h2.connection.H2Connection._receive_frame)
