@@ -17,6 +17,14 @@ the client (its deadline passed, it cancelled) cancels its handler. Bounds:
   close the whole connection, ``_H2Connection``);
 - a call's ``grpc-timeout`` is its deadline: once it passes, the call is answered DEADLINE_EXCEEDED and its handler
   cancelled, whether or not the client reset it;
+- PINGs are answered, PING_BURST in a row and then PINGS_PER_SECOND while the broker has nothing else to send on
+  the connection: a client pinging faster gets a GOAWAY ENHANCE_YOUR_CALM (``too_many_pings``, as grpc-go says it)
+  and the connection is closed (each PING costs an answer, and h2 answers every one);
+- GOAWAY is graceful both ways (h2 closes the connection on sending or receiving one, python-hyper/h2#1181, so the
+  calls in progress died with it): a client's GOAWAY NO_ERROR lets its calls in progress finish, for at most
+  GOAWAY_GRACE_S, before the broker closes the connection; at shutdown each connection gets a first GOAWAY (the
+  highest stream id: open no more), then, once a PING came back, a second naming the last stream served, and its
+  calls in progress have the shutdown grace to finish;
 - bytes of requests held incomplete on a connection: above ``max_held_bytes`` only the oldest incomplete request's
   stream is given more flow-control window (one always finishes), so the others wait in the client; and beyond
   128 KiB they are charged to the budget the remoting connections share (serverMaxBufferedFrameBytes);
@@ -44,7 +52,7 @@ import h2.exceptions
 import h2.settings
 import hpack
 from h2.errors import ErrorCodes
-from hyperframe.frame import RstStreamFrame
+from hyperframe.frame import GoAwayFrame, RstStreamFrame
 
 from ..transport import FrameBudget
 
@@ -126,6 +134,13 @@ def grpc_timeout(value: bytes) -> float | None:
     return int(digits) * unit
 
 
+#: PINGs a connection may send while the broker sends it nothing else: at once, and then per second
+PING_BURST, PINGS_PER_SECOND = 100, 10
+#: how long the calls in progress of a client that sent GOAWAY may take to finish, s
+GOAWAY_GRACE_S = 10.0
+#: how long shutdown waits for a PING to come back between its two GOAWAYs (the client's round trip), s
+GOAWAY_NOTICE_S = 1.0
+_LAST_STREAM_ID = (1 << 31) - 1
 #: header blocks each connection remembers (``_ReusingDecoder``, ``_ReusingEncoder``)
 REUSED_BLOCKS = 32
 
@@ -218,6 +233,16 @@ class _H2Connection(h2.connection.H2Connection):
         decoder = _ReusingDecoder()
         decoder.max_header_list_size = self.decoder.max_header_list_size
         self.decoder, self.encoder = decoder, _ReusingEncoder()
+
+    def _receive_goaway_frame(self, frame):
+        """A GOAWAY NO_ERROR is the client leaving: h2 closed the connection at once (python-hyper/h2#1181) and
+        dropped what was still to send; here it stays open for the calls in progress (``_Connection.leave``)."""
+        if frame.error_code != ErrorCodes.NO_ERROR:
+            return super()._receive_goaway_frame(frame)
+        event = h2.events.ConnectionTerminated()
+        event.error_code, event.last_stream_id = ErrorCodes.NO_ERROR, frame.last_stream_id
+        event.additional_data = frame.additional_data or None
+        return [], [event]
 
     def _receive_frame(self, frame):
         # h2's own, less its first line: ``logger.trace("Received frame: %s", repr(frame))`` built the repr of every
@@ -387,6 +412,14 @@ class _Connection(asyncio.Protocol):
         self.paused: asyncio.Future | None = None  #: set while the socket's write buffer is full
         self._flush_pending = False
         self.last_active = time.monotonic()  #: when the client last sent anything (Http2GrpcServer.close_idle)
+        self.ping_tokens = float(PING_BURST)  #: PINGs the client may send now (``_pinged``)
+        #: new streams above this are refused (a GOAWAY named it); ``leaving``: the connection closes once its
+        #: streams are done (the client's GOAWAY, or shutdown)
+        self.last_stream_id = _LAST_STREAM_ID
+        self.leaving = False
+        self.round_trip: asyncio.Future | None = None  #: shutdown's PING, until it comes back
+        self.on_closed: asyncio.Future | None = None  #: shutdown waits on it
+        self.last_ping = self.last_active
 
     # --- asyncio.Protocol ---
     def connection_made(self, transport) -> None:
@@ -432,9 +465,69 @@ class _Connection(asyncio.Protocol):
                 self._reset(event.stream_id)
             elif kind is h2.events.RemoteSettingsChanged:
                 self._wake_writers()  # a new initial window changes every stream's
+            elif kind is h2.events.PingReceived:
+                if not self._pinged():
+                    return
+            elif kind is h2.events.PingAckReceived:
+                if self.round_trip is not None and not self.round_trip.done():
+                    self.round_trip.set_result(None)
             elif kind is h2.events.ConnectionTerminated:
-                self.transport.close()
+                if event.error_code != ErrorCodes.NO_ERROR:
+                    self.transport.close()
+                    return
+                self.leave(GOAWAY_GRACE_S)
         self.flush()
+
+    def go_away(self, last_stream_id: int) -> None:
+        """Send a GOAWAY NO_ERROR naming ``last_stream_id`` without closing the connection (h2 would: it is
+        written here, after what h2 has to send); streams above it are refused from now on."""
+        if self.transport is None or self.transport.is_closing():
+            return
+        self.last_stream_id = min(self.last_stream_id, last_stream_id)
+        self.flush()
+        self.transport.write(GoAwayFrame(0, last_stream_id=last_stream_id,
+                                         error_code=ErrorCodes.NO_ERROR).serialize())
+
+    def leave(self, grace_s: float) -> None:
+        """The connection serves its calls in progress, for at most ``grace_s``, then closes."""
+        if self.leaving:
+            return
+        self.leaving = True
+        asyncio.get_running_loop().call_later(grace_s, self.close)
+        self._close_if_done()
+
+    def _close_if_done(self) -> None:
+        if self.leaving and not self.streams:
+            self.close()
+
+    def close(self) -> None:
+        """GOAWAY (h2's: the connection is done) and close; calls still in progress are cancelled."""
+        if self.transport is None:
+            return
+        try:  # a GOAWAY never names a later stream than one before it (RFC 9113 6.8)
+            self.h2.close_connection(last_stream_id=min(self.last_stream_id, self.h2.highest_inbound_stream_id))
+        except h2.exceptions.H2Error:
+            pass
+        self.flush()
+        self.transport.close()
+
+    def _pinged(self) -> bool:
+        """Count a PING against the connection's allowance (refilled by whatever else the broker sends it,
+        ``flush_soon``); False once it is closed for a flood."""
+        now = time.monotonic()
+        self.ping_tokens = min(PING_BURST, self.ping_tokens + (now - self.last_ping) * PINGS_PER_SECOND) - 1
+        self.last_ping = now
+        if self.ping_tokens >= 0:
+            return True
+        log.warning("closing gRPC connection %s: PINGs faster than %d a second while nothing else was said",
+                    self.peer, PINGS_PER_SECOND)
+        try:
+            self.h2.close_connection(ErrorCodes.ENHANCE_YOUR_CALM, additional_data=b"too_many_pings")
+        except h2.exceptions.H2Error:
+            pass
+        self.flush()
+        self.transport.close()
+        return False
 
     def pause_writing(self) -> None:
         if self.paused is None:
@@ -450,6 +543,8 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.server.connections.discard(self)
+        if self.on_closed is not None and not self.on_closed.done():
+            self.on_closed.set_result(None)
         self.server.frame_budget.forget(self)
         for stream in list(self.streams.values()):
             self._reset(stream.id)
@@ -466,6 +561,7 @@ class _Connection(asyncio.Protocol):
     def flush_soon(self) -> None:
         """Write what h2 has to send once this loop iteration is done: the answers of concurrent calls leave
         in one write."""
+        self.ping_tokens = PING_BURST  # the connection is in use: its client's PINGs measure it
         if not self._flush_pending:
             self._flush_pending = True
             asyncio.get_running_loop().call_soon(self.flush)
@@ -482,7 +578,7 @@ class _Connection(asyncio.Protocol):
 
     # --- requests ---
     def _request(self, event) -> None:
-        if len(self.streams) >= self.server.max_streams:
+        if len(self.streams) >= self.server.max_streams or self.leaving or event.stream_id > self.last_stream_id:
             self.h2.reset_stream(event.stream_id, ErrorCodes.REFUSED_STREAM)
             return
         headers = event.headers
@@ -654,6 +750,7 @@ class _Connection(asyncio.Protocol):
             stream.task.cancel()
         stream.wake_writer()
         stream.wake_reader()
+        self._close_if_done()
 
     def forget(self, stream: _Stream) -> None:
         """The call is answered: what more arrives for it is acknowledged and dropped."""
@@ -664,6 +761,8 @@ class _Connection(asyncio.Protocol):
         self._forget_incomplete(stream)
         self.acknowledge(stream)
         stream.wake_writer()
+        if self.leaving and not self.streams:
+            asyncio.get_running_loop().call_soon(self._close_if_done)  # after the answer's flush
 
     # --- handlers ---
     def _start(self, stream: _Stream, request) -> None:
@@ -722,33 +821,40 @@ class Http2GrpcServer:
         for conn in list(self.connections):
             if conn.last_active < cutoff and conn.transport is not None:
                 log.info("closing idle gRPC connection %s", conn.peer)
-                try:
-                    conn.h2.close_connection()
-                    conn.flush()
-                except h2.exceptions.H2Error:
-                    pass
-                conn.transport.close()
+                conn.close()
 
     async def stop(self, grace_s: float) -> None:
-        """Listen no more; calls in progress have ``grace_s`` to end, then they are cancelled and the
-        connections closed."""
+        """Listen no more and go away in two steps: a GOAWAY of the highest stream id (open no more), a PING's round
+        trip later (at most GOAWAY_NOTICE_S) a GOAWAY naming the last stream served, whose calls in progress then
+        have ``grace_s`` to end; what is left is cancelled and the connections closed."""
         if self._server is None:
             return
         self._server.close()
-        for conn in list(self.connections):
+        connections = [conn for conn in self.connections if conn.transport is not None]
+        loop = asyncio.get_running_loop()
+        for conn in connections:
+            conn.go_away(_LAST_STREAM_ID)
+            conn.round_trip = loop.create_future()
             try:
-                conn.h2.close_connection()
-                conn.flush()
+                conn.h2.ping(b"goaway!!")
             except h2.exceptions.H2Error:
-                pass
-        tasks = [task for conn in self.connections for task in conn.tasks]
-        if tasks:
-            await asyncio.wait(tasks, timeout=grace_s)
+                conn.round_trip.set_result(None)
+            conn.flush()
+        if connections:
+            await asyncio.wait([conn.round_trip for conn in connections], timeout=GOAWAY_NOTICE_S)
+        for conn in connections:
+            conn.go_away(conn.h2.highest_inbound_stream_id)
+            conn.leave(grace_s)
+        ended = [loop.create_future() for _ in connections]
+        for conn, done in zip(connections, ended):
+            conn.on_closed = done
+            if conn.transport is None:
+                done.set_result(None)
+        if ended:
+            await asyncio.wait(ended, timeout=grace_s + 1)
         for conn in list(self.connections):
             for task in list(conn.tasks):
                 task.cancel()
-            conn.flush()
-            if conn.transport is not None:
-                conn.transport.close()
+            conn.close()
         await self._server.wait_closed()
         self._server = None

@@ -325,3 +325,116 @@ def test_the_connection_receives_frames_as_h2_does_less_the_trace():
         return [line for line in body if line != "events: list[Event]" and "logger.trace" not in line]
 
     assert code(_H2Connection._receive_frame) == code(h2.connection.H2Connection._receive_frame)
+
+
+def test_a_ping_flood_gets_enhance_your_calm_and_the_connection_closed(grpc_broker):
+    """h2 answers every PING: a client sending them back to back made the broker write an answer for each, for
+    ever. Past PING_BURST in a row (then PINGS_PER_SECOND) with nothing else said, the connection gets a GOAWAY
+    ENHANCE_YOUR_CALM and is closed (what h2 answered of the read that held the flood is the most it answers); a
+    client that pings now and then (every other test's) is not."""
+    from halfmq.broker.grpc.http2 import PING_BURST
+
+    client = RawClient(grpc_broker.endpoint)
+    try:
+        client.sock.settimeout(5)
+        for index in range(PING_BURST * 3):
+            client.h2.ping(b"%08d" % index)
+        client._flush()
+        events = []
+        while data := client.sock.recv(1 << 16):
+            events += client.h2.receive_data(data)
+        goaways = [e for e in events if isinstance(e, h2.events.ConnectionTerminated)]
+        assert [(e.error_code, e.additional_data) for e in goaways] == \
+            [(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM, b"too_many_pings")]
+    finally:
+        client.close()
+
+
+def query_route(topic: str) -> bytes:
+    from halfmq.broker.grpc.schema import pb
+    return pb.QueryRouteRequest(topic=pb.Resource(name=topic)).SerializeToString()
+
+
+def raw_frames(sock):
+    """The frames the broker sends, parsed with hyperframe alone (h2 would close its side at the first GOAWAY),
+    until it closes the connection."""
+    from hyperframe.frame import Frame
+    buffer = b""
+    while True:
+        while len(buffer) >= 9:
+            frame, length = Frame.parse_frame_header(memoryview(buffer[:9]))
+            if len(buffer) < 9 + length:
+                break
+            frame.parse_body(memoryview(buffer[9:9 + length]))
+            buffer = buffer[9 + length:]
+            yield frame
+        data = sock.recv(1 << 16)
+        if not data:
+            return
+        buffer += data
+
+
+def test_a_client_going_away_still_gets_its_calls_in_progress_answered(grpc_broker):
+    """A client's GOAWAY NO_ERROR says it opens nothing more, not that its calls are over: the call whose request
+    was still arriving is answered, then the broker closes the connection. Before, h2 closed the connection the
+    moment the GOAWAY came (python-hyper/h2#1181) and the call died unanswered."""
+    from hyperframe.frame import GoAwayFrame
+
+    client = RawClient(grpc_broker.endpoint)
+    try:
+        request = query_route("Going")
+        stream_id = client.call(f"/{SERVICE}/QueryRoute")
+        client.send(stream_id, prefix(len(request)) + request[:2])
+        client.sock.sendall(GoAwayFrame(0, last_stream_id=0, error_code=0).serialize())  # h2's own would close it
+        client.send(stream_id, request[2:], end=True)
+        client.sock.settimeout(10)
+        events = []
+        while data := client.sock.recv(1 << 16):  # until the broker closes the connection, the call answered
+            events += client.h2.receive_data(data)
+        trailers = [dict(e.headers) for e in events if isinstance(e, h2.events.TrailersReceived)]
+        assert [t[b"grpc-status"] for t in trailers] == [b"0"]
+    finally:
+        client.close()
+
+
+def test_shutdown_goes_away_in_two_steps_and_lets_calls_in_progress_finish(grpc_broker):
+    """Shutdown sends a GOAWAY of the highest stream id (open no more), a PING, and once it came back a GOAWAY
+    naming the last stream it serves: the call whose request was still arriving is answered within the grace, a
+    stream opened after is refused. Before, one GOAWAY closed h2's side at once: the call got nothing."""
+    import threading
+
+    from hyperframe.frame import DataFrame, GoAwayFrame, HeadersFrame, PingFrame, RstStreamFrame
+
+    client = RawClient(grpc_broker.endpoint)
+    stopper = threading.Thread(target=lambda: grpc_broker.call(grpc_broker.broker.stop()))
+    try:
+        request = query_route("Leaving")
+        stream_id = client.call(f"/{SERVICE}/QueryRoute")
+        client.send(stream_id, prefix(len(request)) + request[:2])
+        client.sock.settimeout(10)
+        stopper.start()
+        goaways, status, late, refused = [], None, None, None
+        for frame in raw_frames(client.sock):
+            if isinstance(frame, GoAwayFrame):
+                goaways.append((frame.last_stream_id, frame.error_code))
+                if len(goaways) == 2:  # the last stream is named: try another, and finish the call
+                    late = stream_id + 2
+                    block = client.h2.encoder.encode([(":method", "POST"), (":scheme", "http"),
+                                                      (":path", f"/{SERVICE}/QueryRoute"), (":authority", "halfmq"),
+                                                      ("content-type", "application/grpc"), ("te", "trailers")])
+                    client.sock.sendall(HeadersFrame(late, data=block, flags=["END_HEADERS"]).serialize())
+            elif isinstance(frame, RstStreamFrame) and frame.stream_id == late:
+                refused = frame.error_code
+                client.sock.sendall(DataFrame(stream_id, data=request[2:], flags=["END_STREAM"]).serialize())
+            elif isinstance(frame, PingFrame) and "ACK" not in frame.flags:
+                client.sock.sendall(PingFrame(0, opaque_data=frame.opaque_data, flags=["ACK"]).serialize())
+            elif isinstance(frame, HeadersFrame):
+                headers = dict(client.h2.decoder.decode(frame.data, raw=True))
+                if frame.stream_id == stream_id and b"grpc-status" in headers:
+                    status = headers[b"grpc-status"]
+        assert goaways == [((1 << 31) - 1, 0), (stream_id, 0), (stream_id, 0)], goaways  # the last: closing
+        assert status == b"0"
+        assert refused == h2.errors.ErrorCodes.REFUSED_STREAM
+    finally:
+        stopper.join(30)
+        client.close()
