@@ -14,6 +14,16 @@ every address::
 (one line). SIGINT, SIGTERM or SIGHUP stop the brokers (each unregisters from the name servers first), then the
 name servers, by the PIDs this process started. A member that fails to start, or exits while the cluster runs,
 stops the others and makes the exit status 1, with that member's last output on stderr.
+
+With ``--replicas`` 2 or more the cluster also runs a 3-member etcd (``--etcd``, on by default then: Debian's
+``etcd-server``), started before the brokers, and every member of every broker group gets ``--haEtcdEndpoints``: the
+group elects its leader there, and a leader that dies is replaced in seconds (docs/replication.md). Members are then
+named ``broker-G-member-I`` (the leader is whichever the election chose; ``--brokerId=I`` only names a member), a
+broker that exits is reported and the cluster goes on (its group fails over; the exit status is 1 in the end), and
+the ready line ends with ``etcd HOST:PORT,HOST:PORT,HOST:PORT``. etcd member i listens for clients on
+``--etcd-port`` + 2 i and for its peers on + 1, keeps its data in ``DIR/etcd-i`` and is stopped after the brokers
+and name servers, one at a time (stopping all three at once takes etcd seconds: its leader tries to hand over to
+members that are leaving).
 """
 from __future__ import annotations
 
@@ -21,10 +31,13 @@ import argparse
 import asyncio
 import collections
 import ctypes
+import dataclasses
 import ipaddress
 import os
 import re
+import shutil
 import signal
+import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +45,9 @@ from pathlib import Path
 from .config import ConfigError, load_config, parse_flags
 
 NAMESRV_READY = re.compile(rb"halfmq namesrv ready: (\S+)")
+ETCD_READY = re.compile(rb"serving client traffic")  #: logged once the member joined a cluster with quorum
+ETCD_SIZE = 3
+ETCD_DEFAULT_PORTS = {2379, 2380}  #: a system etcd's: never used here
 BROKER_READY = re.compile(rb"halfmq ready: broker (\S+) namesrv \S+ metrics (\S+) grpc (\S+) dashboard (\S+)")
 #: Broker ports start this far apart: broker j listens on PORT + 10 j (remoting), + 1 (gRPC), + 2 (metrics),
 #: + 3 (dashboard) and + 4 (replication); with replicas, j counts every member of every broker group.
@@ -65,6 +81,8 @@ class Plan:
     start_timeout: float
     stop_timeout: float
     replicas: int = 1  #: members of each broker group: a leader and replicas - 1 followers
+    #: etcd member i: (client port, peer port) (0 = any free port); empty: no etcd (roles from brokerId)
+    etcd_ports: list[tuple[int, int]] = dataclasses.field(default_factory=list)
 
 
 def plan_ports(namesrvs: int, brokers: int, namesrv_port: int, broker_port: int
@@ -122,6 +140,13 @@ def parse_args(argv: list[str]) -> Plan:
                         help="members of each broker group: a leader and REPLICAS - 1 followers, each with its own "
                              "store (DIR/broker-N-follower-I); every acknowledged write is on each in-sync member, "
                              "and with 2 or more, minInSyncReplicas=2 (default: %(default)s)")
+    parser.add_argument("--etcd", action=argparse.BooleanOptionalAction, default=None,
+                        help="with --replicas 2 or more: run a 3-member etcd (Debian's etcd-server) on which each "
+                             "broker group elects its leader, so a dead leader is replaced in seconds "
+                             "(default: on with replicas; --no-etcd: the leader is fixed, as brokerId 0)")
+    parser.add_argument("--etcd-port", type=int, default=None,
+                        help="etcd member i serves clients on this + 2 i and its peers on + 1; 0 = any free ports "
+                             "(default: the ports after the brokers', or free ones with --broker-port 0)")
     parser.add_argument("--cluster-name", default="DefaultCluster", help="brokerClusterName (default: %(default)s)")
     parser.add_argument("--start-timeout", type=float, default=120.0,
                         help="seconds each member has to print its ready line (default: %(default)s)")
@@ -148,9 +173,62 @@ def parse_args(argv: list[str]) -> Plan:
                                             args.broker_port)
     except ValueError as exc:
         parser.error(str(exc))
+    etcd = args.replicas > 1 if args.etcd is None else args.etcd
+    etcd_ports: list[tuple[int, int]] = []
+    if etcd:
+        if args.replicas < 2:
+            parser.error("--etcd elects a broker group's leader: it needs --replicas 2 or more")
+        if not shutil.which("etcd"):
+            parser.error("--replicas with --etcd runs etcd, which is not installed: install Debian's etcd-server "
+                         "package (scripts/install_etcd.sh does), or pass --no-etcd for groups with a fixed leader")
+        base = args.etcd_port
+        if base is None:
+            base = args.broker_port + BROKER_PORT_STRIDE * len(broker_ports) if args.broker_port else 0
+        try:
+            etcd_ports = plan_etcd_ports(base, ns_ports + [p for ports in broker_ports for p in ports])
+        except ValueError as exc:
+            parser.error(str(exc))
     check_broker_args(parser, broker_args)
     return Plan(args.namesrvs, args.brokers, Path(args.dir).resolve(), args.host, ns_ports, broker_ports,
-                args.cluster_name, broker_args, args.start_timeout, args.stop_timeout, args.replicas)
+                args.cluster_name, broker_args, args.start_timeout, args.stop_timeout, args.replicas, etcd_ports)
+
+
+def plan_etcd_ports(base: int, taken: list[int]) -> list[tuple[int, int]]:
+    """etcd member i on ``base + 2 i`` (clients) and ``base + 2 i + 1`` (peers); 0: free ports, chosen at start.
+
+    Raises:
+        ValueError: a port above 65535, one of a system etcd's (2379, 2380), or one another member takes.
+    """
+    if not base:
+        return [(0, 0)] * ETCD_SIZE
+    ports = [(base + 2 * i, base + 2 * i + 1) for i in range(ETCD_SIZE)]
+    flat = [p for pair in ports for p in pair]
+    if max(flat) > 65535 or base < 1:
+        raise ValueError(f"--etcd-port {base}: etcd would listen on up to {max(flat)}, above 65535")
+    if set(flat) & ETCD_DEFAULT_PORTS:
+        raise ValueError(f"--etcd-port {base}: etcd's own defaults 2379 and 2380 are left to a system etcd")
+    overlap = set(flat) & {p for p in taken if p}
+    if overlap:
+        raise ValueError(f"--etcd-port {base}: port {min(overlap)} is a name server's or a broker's")
+    return ports
+
+
+def _free_ports(count: int) -> list[int]:
+    """Ports the kernel hands out as free on 127.0.0.1 now, all different (each stays bound until all are
+    picked), none of a system etcd's."""
+    sockets: list[socket.socket] = []
+    try:
+        while len(sockets) < count:
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            if sock.getsockname()[1] in ETCD_DEFAULT_PORTS:
+                sock.close()
+                continue
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def check_broker_args(parser: argparse.ArgumentParser, broker_args: list[str]) -> None:
@@ -184,8 +262,11 @@ def _die_with_parent(parent: int):
 class Member:
     """One name server or broker process: started, its output copied to its log file, stopped by its PID."""
 
-    def __init__(self, name: str, args: list[str], log_path: Path, ready: re.Pattern):
+    def __init__(self, name: str, args: list[str], log_path: Path, ready: re.Pattern, env: dict | None = None,
+                 fatal: bool = True):
         self.name, self.args, self.log_path, self.ready_pattern = name, args, log_path, ready
+        self.env = env  #: None: this process's environment
+        self.fatal = fatal  #: its exit stops the cluster (a replicated broker's does not: its group fails over)
         self.proc: asyncio.subprocess.Process | None = None
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.ready: asyncio.Future | None = None  #: the ready line's match
@@ -203,7 +284,7 @@ class Member:
             self.proc = await asyncio.create_subprocess_exec(
                 *self.args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent(os.getpid()),
-                limit=1 << 20)
+                limit=1 << 20, env=self.env)
         except BaseException:
             log.close()
             raise
@@ -272,40 +353,82 @@ class LocalCluster:
         self.brokers: list[Member] = []
         self._cli, self._logs = cli, logs
         self.namesrv_addr = ""
+        self.etcd: list[Member] = []
+        self.lost: list[str] = []  #: replicated brokers that exited while the cluster ran
+        self.etcd_endpoints = ""  #: haEtcdEndpoints: every etcd member's client address
 
     @property
     def members(self) -> list[Member]:
-        return [*self.namesrvs, *self.brokers]
+        return [*self.namesrvs, *self.brokers, *self.etcd]
+
+    def _etcd_members(self) -> list[Member]:
+        plan = self.plan
+        ports = plan.etcd_ports
+        if ports and not ports[0][0]:
+            # Ports of its own choosing: an earlier run's data dir names other ports, so etcd starts afresh (the
+            # groups' epochs live on in their stores: a new leader's epoch is above any its store saw).
+            for i in range(len(ports)):
+                shutil.rmtree(plan.root / f"etcd-{i}", ignore_errors=True)
+            free = _free_ports(2 * len(ports))
+            ports = [(free[2 * i], free[2 * i + 1]) for i in range(len(ports))]
+        host = plan.host
+        peers = ",".join(f"etcd-{i}=http://{host}:{peer}" for i, (_, peer) in enumerate(ports))
+        self.etcd_endpoints = ",".join(f"{host}:{client}" for client, _ in ports)
+        members = []
+        for i, (client, peer) in enumerate(ports):
+            # --pre-vote: a member that rejoins does not force an election (the lease holder would lose its lease);
+            # a clean environment: etcd reads every ETCD_* variable as a flag. An earlier run's data dir is
+            # rejoined from its WAL (the --initial-* flags are then ignored).
+            members.append(Member(f"etcd-{i}", [
+                shutil.which("etcd") or "etcd", "--name", f"etcd-{i}", "--data-dir", str(plan.root / f"etcd-{i}"),
+                "--listen-client-urls", f"http://{host}:{client}", "--advertise-client-urls", f"http://{host}:{client}",
+                "--listen-peer-urls", f"http://{host}:{peer}", "--initial-advertise-peer-urls", f"http://{host}:{peer}",
+                "--initial-cluster", peers, "--initial-cluster-state", "new",
+                "--initial-cluster-token", f"halfmq-{plan.cluster_name}", "--pre-vote",
+                "--heartbeat-interval", "100", "--election-timeout", "1000", "--logger", "zap",
+                "--log-outputs", "stderr"], self._logs / f"etcd-{i}.log", ETCD_READY, env={"PATH": os.defpath}))
+        return members
 
     async def start(self) -> str:
         """Start every member; returns the ready line. Raises MemberFailed (the members started stay up for
         ``stop``)."""
         plan = self.plan
         self._logs.mkdir(parents=True, exist_ok=True)
-        ready = await _all_ready([m.start(plan.start_timeout) for m in self.namesrvs])
-        self.namesrv_addr = ";".join(match.group(1).decode() for match in ready)
+        elected = bool(plan.etcd_ports)
+        if elected:
+            self.etcd = self._etcd_members()
+        # etcd and the name servers together: both are there before any broker starts
+        ready = await _all_ready([m.start(plan.start_timeout) for m in [*self.namesrvs, *self.etcd]])
+        self.namesrv_addr = ";".join(match.group(1).decode() for match in ready[:len(self.namesrvs)])
         # A group of replicas refuses writes while fewer than two members have them (a leader that lost its store
         # cannot take writes alone); a flag after -- may say otherwise, as it comes later.
         group_args = ["--minInSyncReplicas=2"] if plan.replicas > 1 else []
         for k, (port, grpc_port, metrics_port, dashboard_port, ha_port) in enumerate(plan.broker_ports):
             group, broker_id = divmod(k, plan.replicas)
-            name = f"broker-{group}" if broker_id == 0 else f"broker-{group}-follower-{broker_id}"
+            if elected:
+                # The election gives the roles; brokerId only names the member (its id while it follows).
+                name, broker_id = f"broker-{group}-member-{broker_id + 1}", broker_id + 1
+                role_args = [f"--haEtcdEndpoints={self.etcd_endpoints}"]
+            else:
+                name = f"broker-{group}" if broker_id == 0 else f"broker-{group}-follower-{broker_id}"
+                role_args = []
             # The plan's flags come after the user's: the cluster's keys win over a -c file's or a repeated flag.
             self.brokers.append(Member(name, [
                 *self._cli, "broker", *group_args, *plan.broker_args, f"--storePathRootDir={plan.root / name}",
                 f"--brokerName=broker-{group}", f"--brokerId={broker_id}", f"--brokerClusterName={plan.cluster_name}",
                 f"--namesrvAddr={self.namesrv_addr}", f"--bindAddress={plan.host}", f"--listenPort={port}",
                 f"--grpcListenPort={grpc_port}", f"--metricsPromExporterPort={metrics_port}",
-                f"--dashboardPort={dashboard_port}", f"--haListenPort={ha_port}"],
-                self._logs / f"{name}.log", BROKER_READY))
+                f"--dashboardPort={dashboard_port}", f"--haListenPort={ha_port}", *role_args],
+                self._logs / f"{name}.log", BROKER_READY, fatal=not elected))
         ready = await _all_ready([b.start(plan.start_timeout) for b in self.brokers])
         brokers = " ".join(f"{b.name} {m.group(1).decode()} grpc {m.group(3).decode()} metrics {m.group(2).decode()} "
                            f"dashboard {m.group(4).decode()}" for b, m in zip(self.brokers, ready, strict=True))
-        return f"halfmq cluster ready: namesrvAddr {self.namesrv_addr} {brokers}"
+        etcd = f" etcd {self.etcd_endpoints}" if elected else ""
+        return f"halfmq cluster ready: namesrvAddr {self.namesrv_addr} {brokers}{etcd}"
 
     async def first_exit(self) -> Member:
-        """The first member to exit (any exit is a failure while the cluster runs)."""
-        waits = {asyncio.ensure_future(m.proc.wait()): m for m in self.members}
+        """The first member to exit whose exit stops the cluster (any exit is a failure while the cluster runs)."""
+        waits = {asyncio.ensure_future(m.proc.wait()): m for m in self.members if m.fatal}
         try:
             done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -314,12 +437,24 @@ class LocalCluster:
         return waits[next(iter(done))]
 
     async def stop(self) -> list[str]:
-        """Brokers first (each unregisters from the name servers that are still up), then name servers; returns
-        what went wrong."""
+        """Brokers first (each unregisters from the name servers that are still up; a group's members resign their
+        leases in etcd), then name servers, then etcd's members one at a time; returns what went wrong."""
         timeout = self.plan.stop_timeout
         problems = await asyncio.gather(*(b.stop(timeout) for b in self.brokers))
         problems += await asyncio.gather(*(n.stop(timeout) for n in self.namesrvs))
+        for member in self.etcd:
+            problems.append(await member.stop(timeout))
         return [p for p in problems if p]
+
+    async def watch_brokers(self) -> None:
+        """Reports each replicated broker that exits (its group fails over; the cluster goes on)."""
+        async def watch(member: Member) -> None:
+            status = await member.exited()
+            member.reported = True
+            self.lost.append(member.name)
+            print(f"halfmq cluster: {member.name} exited with status {status}; its broker group elects another "
+                  f"leader if it led{member.last_output()}", file=sys.stderr, flush=True)
+        await asyncio.gather(*(watch(b) for b in self.brokers if not b.fatal))
 
 
 async def _all_ready(starts: list) -> list[re.Match]:
@@ -343,6 +478,8 @@ async def run(plan: Plan) -> int:
     stopping = loop.create_task(stop.wait())
     status = 0
     replicas = f", {plan.replicas} members each" if plan.replicas > 1 else ""
+    if plan.etcd_ports:
+        replicas += f", electing their leaders on a {ETCD_SIZE}-member etcd"
     print(f"halfmq cluster: starting {plan.namesrvs} name server(s) and {plan.brokers} broker(s){replicas} in "
           f"{plan.root} (their output: {plan.root / 'logs'})", flush=True)
     try:
@@ -350,6 +487,7 @@ async def run(plan: Plan) -> int:
         await asyncio.wait([starting, stopping], return_when=asyncio.FIRST_COMPLETED)
         if starting.done():
             print(starting.result(), flush=True)  # raises MemberFailed
+            watching = loop.create_task(cluster.watch_brokers())
             died = loop.create_task(cluster.first_exit())
             await asyncio.wait([died, stopping], return_when=asyncio.FIRST_COMPLETED)
             if died.done():
@@ -359,6 +497,10 @@ async def run(plan: Plan) -> int:
                       f"others{member.last_output()}", file=sys.stderr, flush=True)
             else:
                 died.cancel()
+            watching.cancel()
+            await asyncio.gather(watching, return_exceptions=True)
+            if cluster.lost:
+                status = 1
         else:  # asked to stop while starting: what started is stopped below
             starting.cancel()
             await asyncio.gather(starting, return_exceptions=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import os
 import re
 import signal
@@ -19,7 +20,8 @@ from halfmq.client import Message, Producer
 from halfmq.client.admin import Admin
 
 READY = re.compile(r"halfmq cluster ready: namesrvAddr (\S+) (.*)")
-BROKER = re.compile(r"(broker-\d+(?:-follower-\d+)?) (\S+) grpc (\S+) metrics (\S+) dashboard (\S+)")
+BROKER = re.compile(r"(broker-\d+(?:-(?:follower|member)-\d+)?) (\S+) grpc (\S+) metrics (\S+) dashboard (\S+)")
+ETCD = re.compile(r" etcd (\S+)$")
 START_TIMEOUT = 180  # five Python processes importing at once on a loaded 2-core machine
 STOP_TIMEOUT = 90
 
@@ -33,6 +35,7 @@ class ClusterCommand:
         self.out: list[str] = []
         self.namesrv_addr = ""
         self.brokers: dict[str, tuple[str, str, str, str]] = {}  #: name → (address, gRPC, metrics, dashboard)
+        self.etcd: list[str] = []  #: etcd's client addresses, with --replicas
 
     async def start(self) -> "ClusterCommand":
         self.proc = await asyncio.create_subprocess_exec(*self.args, stdout=asyncio.subprocess.PIPE,
@@ -53,6 +56,8 @@ class ClusterCommand:
         match = await self.line(READY)
         self.namesrv_addr = match.group(1)
         self.brokers = {name: addrs for name, *addrs in BROKER.findall(match.group(2))}
+        etcd = ETCD.search(match.group(2))
+        self.etcd = etcd.group(1).split(",") if etcd else []
         return self
 
     async def stderr(self) -> str:
@@ -176,8 +181,8 @@ async def test_one_command_starts_a_cluster_that_spreads_sends_and_sigterm_stops
 
 
 async def test_replicas_start_a_broker_group_whose_followers_hold_every_acknowledged_send(tmp_path, clusters):
-    cluster = await (await clusters(tmp_path, "--namesrvs=1", "--brokers=1", "--replicas=2", "--namesrv-port=0",
-                                    "--broker-port=0", "--", "--logLevel=WARNING")).ready()
+    cluster = await (await clusters(tmp_path, "--namesrvs=1", "--brokers=1", "--replicas=2", "--no-etcd",
+                                    "--namesrv-port=0", "--broker-port=0", "--", "--logLevel=WARNING")).ready()
     assert sorted(cluster.brokers) == ["broker-0", "broker-0-follower-1"]
     async with Admin(cluster.namesrv_addr) as admin:
         async def in_sync() -> bool:
@@ -197,6 +202,96 @@ async def test_replicas_start_a_broker_group_whose_followers_hold_every_acknowle
         assert rows[1]["seq"] == rows[0]["seq"] and rows[1]["committed"] == rows[0]["committed"]
     assert {r.queue.broker_name for r in results} == {"broker-0"}
     assert (tmp_path / "broker-0-follower-1").is_dir()
+
+
+async def admin_cli(namesrv: str, *args: str) -> list[dict]:
+    """``halfmq admin ... --json``, run as users run it."""
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "halfmq.broker.cli", "admin", *args, "-n",
+                                                namesrv, "--json", stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    return json.loads(out)
+
+
+async def test_replicas_elect_their_leader_on_the_clusters_etcd_and_a_killed_leader_is_replaced(tmp_path, clusters):
+    from tests.support.etcd import missing_tools
+    if missing_tools():
+        pytest.fail("etcd is not installed: run scripts/install_etcd.sh")
+    cluster = await (await clusters(tmp_path, "--namesrvs=1", "--brokers=1", "--replicas=3", "--namesrv-port=0",
+                                    "--broker-port=0", "--", "--logLevel=WARNING")).ready()
+    assert sorted(cluster.brokers) == ["broker-0-member-1", "broker-0-member-2", "broker-0-member-3"]
+    assert len(cluster.etcd) == 3
+    members = cluster.members()
+    watched = Watched(members)
+    try:
+        etcd_pids = [pid for pid, args in members.items() if os.path.basename(args[0]) == "etcd"]
+        assert len(etcd_pids) == 3
+        for pid in etcd_pids:
+            args = members[pid]
+            assert "--pre-vote" in args and args[args.index("--data-dir") + 1].startswith(str(tmp_path / "etcd-"))
+        for pid, args in members.items():
+            if "broker" in args:
+                assert f"--haEtcdEndpoints={','.join(cluster.etcd)}" in args
+
+        async def leader(exclude: str = "") -> dict | bool:
+            rows = await admin_cli(cluster.namesrv_addr, "replicationStatus")
+            return next((row for row in rows if row.get("role") == "leader" and row["brokerAddr"] != exclude
+                         and len(row["inSync"]) >= 2), False)
+        first = await until(leader, 90, "a leader with a follower in sync")
+        async with Producer("PG_ELECTED", cluster.namesrv_addr, send_timeout=3.0) as producer:
+            before = [await producer.send(Message("LocalElected", b"before-%d" % i)) for i in range(20)]
+            name = next(name for name, addrs in cluster.brokers.items() if addrs[0] == first["brokerAddr"])
+            victim = next(pid for pid, args in members.items() if f"--storePathRootDir={tmp_path / name}" in args)
+            os.kill(victim, signal.SIGKILL)
+            second = await until(lambda: leader(exclude=first["brokerAddr"]), 60, "another leader")
+            assert second["epoch"] > first["epoch"], (first, second)
+            after = await until(lambda: producer.send(Message("LocalElected", b"after")), 60, "a send after the kill")
+        assert after.queue.broker_name == "broker-0" and {r.queue.broker_name for r in before} == {"broker-0"}
+        assert cluster.proc.returncode is None, "the cluster stopped when one member of a group died"
+        cluster.proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(cluster.proc.wait(), STOP_TIMEOUT) == 1  # a member died meanwhile
+        await watched.gone(10)
+    finally:
+        watched.close()
+    errors = await cluster.stderr()
+    assert "exited with status -9; its broker group elects another leader" in errors, errors
+
+
+async def until(check, timeout: float, what: str):
+    """Polls the coroutine function ``check`` until it returns a true value (other processes: nothing to wait on)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    last = None
+    while loop.time() < deadline:
+        try:
+            last = await check()
+        except Exception as exc:  # noqa: BLE001 - not answering yet, retried until the deadline
+            last = exc
+        if last and not isinstance(last, Exception):
+            return last
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout} s waiting for: {what} (last: {last!r})")
+
+
+def test_etcd_needs_replicas_and_its_ports_are_laid_out_after_the_brokers(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(local_cluster.shutil, "which", lambda name: f"/usr/bin/{name}")
+    plan = local_cluster.parse_args([f"--dir={tmp_path}", "--brokers=2", "--replicas=2"])
+    assert plan.etcd_ports == [(10951, 10952), (10953, 10954), (10955, 10956)]  # 4 brokers from 10911
+    assert local_cluster.parse_args([f"--dir={tmp_path}", "--replicas=2", "--no-etcd"]).etcd_ports == []
+    assert local_cluster.parse_args([f"--dir={tmp_path}", "--brokers=1"]).etcd_ports == []
+    assert local_cluster.parse_args([f"--dir={tmp_path}", "--replicas=3", "--broker-port=0"]).etcd_ports == \
+        [(0, 0)] * 3
+    for args, message in ((["--etcd"], "--etcd elects a broker group's leader: it needs --replicas 2 or more"),
+                          (["--replicas=2", "--etcd-port=2378"], "2379 and 2380 are left to a system etcd"),
+                          (["--replicas=2", "--etcd-port=10913"], "port 10913 is a name server's or a broker's")):
+        with pytest.raises(SystemExit):
+            local_cluster.parse_args([f"--dir={tmp_path}", *args])
+        assert message in capsys.readouterr().err
+    monkeypatch.setattr(local_cluster.shutil, "which", lambda name: None)
+    with pytest.raises(SystemExit):
+        local_cluster.parse_args([f"--dir={tmp_path}", "--replicas=2"])
+    assert "install Debian's etcd-server package" in capsys.readouterr().err
 
 
 async def test_members_do_not_outlive_a_killed_cluster(tmp_path, clusters):
