@@ -76,26 +76,29 @@ def not_found():
     return pb.ReceiveMessageResponse(status=status(Code["MESSAGE_NOT_FOUND"], "no new message"))
 
 
-def receipt_handle(queue_id: int, queue_offset: int, version: int) -> str:
-    return f"{queue_id:x}:{queue_offset:x}:{version:x}"
+def receipt_handle(broker: str, queue_id: int, queue_offset: int, version: int) -> str:
+    """``<brokerName>:<queue>:<offset>:<version>`` (hex): another broker of a cluster refuses it rather than act on
+    whatever receipt it holds at that queue and offset."""
+    return f"{broker}:{queue_id:x}:{queue_offset:x}:{version:x}"
 
 
-def parse_handle(text: str) -> tuple[int, int, int]:
-    """(queue id, queue offset, version) of a receipt handle.
+def parse_handle(text: str, broker: str) -> tuple[int, int, int]:
+    """(queue id, queue offset, version) of a receipt handle ``broker`` gave.
 
     Raises:
         GrpcError: INVALID_RECEIPT_HANDLE.
     """
     parts = text.split(":")
     try:
-        if len(parts) == 3:
-            queue_id, queue_offset, version = int(parts[0], 16), int(parts[1], 16), int(parts[2], 16)
+        if len(parts) == 4 and parts[0] == broker:
+            queue_id, queue_offset, version = int(parts[1], 16), int(parts[2], 16), int(parts[3], 16)
             # the store's keys hold these ranges: a number beyond them failed the write group it was in
             if 0 <= queue_id <= _MAX_QUEUE_ID and 0 <= queue_offset <= _MAX_OFFSET and 0 <= version <= _MAX_VERSION:
                 return queue_id, queue_offset, version
     except ValueError:
         pass
-    raise GrpcError(Code["INVALID_RECEIPT_HANDLE"], f"{text[:80]!r} is not a receipt handle this broker gave")
+    raise GrpcError(Code["INVALID_RECEIPT_HANDLE"], f"{text[:80]!r} is not a receipt handle this broker ({broker}) "
+                                                    f"gave")
 
 
 def _duration_ms(duration, what: str, low: int, high: int, code: str) -> int:
@@ -179,13 +182,13 @@ class _Take:
         self.version, self.visible_at = version, visible_at
         self.size = sum(sizes.values())
 
-    def finish(self, results) -> list:
+    def finish(self, results, broker: str) -> list:
         """(record, handle, attempts, stored bytes) of each message the written op handed out."""
         out = []
         for queue_offset, attempts, _physical in results:
             rec = self.records[queue_offset]
             rec.reconsume_times = attempts - 1
-            out.append((rec, receipt_handle(self.queue_id, queue_offset, self.version), attempts,
+            out.append((rec, receipt_handle(broker, self.queue_id, queue_offset, self.version), attempts,
                         self.sizes[queue_offset]))
         return out
 
@@ -208,6 +211,7 @@ class ReceiveService:
         self.ctx = endpoint.ctx
         self.consumer = consumer
         self.store = endpoint.ctx.store
+        self.broker = endpoint.ctx.config.brokerName  #: named by every receipt handle given
         #: one plan at a time per (group, topic, queue): plans then never race each other (the ops check anyway)
         self._locks: dict[tuple[str, str, int], asyncio.Lock] = {}
         #: per (group, topic, queue), the takes submitted and not yet durable, in order: the next take of the queue
@@ -290,7 +294,7 @@ class ReceiveService:
                 if renew:
                     until = now_ms() + AUTO_RENEW_MAX_MS
                     for _rec, handle, _attempts, _size in taken:
-                        queue_id, queue_offset, version = parse_handle(handle)
+                        queue_id, queue_offset, version = parse_handle(handle, self.broker)
                         self.renewing[(group, topic, queue_id, queue_offset, version)] = (caller.client_id, until)
                 return Delivery(group, topic, request.message_queue.topic.resource_namespace, invisible_ms, taken,
                                 peer, backlog)
@@ -381,7 +385,7 @@ class ReceiveService:
                              exc: BodyError) -> None:
         """A message no gRPC consumer can be given goes to the group's DLQ now, alone: retrying cannot help."""
         group, topic = delivery.group, delivery.topic
-        queue_id, queue_offset, version = parse_handle(handle)
+        queue_id, queue_offset, version = parse_handle(handle, self.broker)
         if self.ctx.metrics is not None:
             self.ctx.metrics.grpc_undeliverable(topic)
         log.warning("message %s of %s/%d (offset %d) cannot be delivered to gRPC group %s: %s; it goes to the "
@@ -487,7 +491,7 @@ class ReceiveService:
                     except ReceiptError:  # an ack or change raced the plan: this queue gives nothing this time
                         continue
                     durable.add(id(plan))
-                    taken.extend(plan.finish(results))
+                    taken.extend(plan.finish(results, self.broker))
                     self._commit_progress(group, topic, plan.queue_id)
                     if plan.records:
                         next_visible = _earliest(next_visible, plan.visible_at)
@@ -686,7 +690,7 @@ class ReceiveService:
         for entry in request.entries:
             result = response.entries.add(message_id=entry.message_id, receipt_handle=entry.receipt_handle)
             try:
-                queue_id, queue_offset, version = parse_handle(entry.receipt_handle)
+                queue_id, queue_offset, version = parse_handle(entry.receipt_handle, self.broker)
             except GrpcError as exc:
                 result.status.CopyFrom(status(exc.code, exc.message))
                 continue
@@ -717,7 +721,7 @@ class ReceiveService:
         require(caller, (GROUP, group, SUB), (TOPIC, topic, SUB))
         invisible_ms = _duration_ms(request.invisible_duration, "invisible duration", 0, MAX_INVISIBLE_MS,
                                     "ILLEGAL_INVISIBLE_TIME")
-        queue_id, queue_offset, version = parse_handle(request.receipt_handle)
+        queue_id, queue_offset, version = parse_handle(request.receipt_handle, self.broker)
         new_version = next(self._versions)
         try:
             await self.store.submit(ChangeInvisibility(group, topic, queue_id, queue_offset, version,
@@ -728,13 +732,14 @@ class ReceiveService:
         if invisible_ms == 0:
             self.ctx.long_poll.wake_topic(topic)  # visible now: wake the receives waiting on the topic
         return pb.ChangeInvisibleDurationResponse(status=ok(),
-                                                  receipt_handle=receipt_handle(queue_id, queue_offset, new_version))
+                                                  receipt_handle=receipt_handle(self.broker, queue_id, queue_offset,
+                                                                                new_version))
 
     # --- ForwardMessageToDeadLetterQueue ---
     async def forward_to_dead_letter_queue(self, request, caller: Caller):
         group, topic = checked_group(request.group), checked_topic(request.topic)
         require(caller, (GROUP, group, SUB), (TOPIC, topic, SUB))
-        queue_id, queue_offset, version = parse_handle(request.receipt_handle)
+        queue_id, queue_offset, version = parse_handle(request.receipt_handle, self.broker)
         held = {r.queue_offset: r for r in read_receipts(self.store, group, topic, queue_id)}
         receipt = held.get(queue_offset)
         if receipt is None or receipt.version != version:

@@ -98,7 +98,8 @@ class SendService:
         if transactional:
             self.sessions.publishes(session, (topic,))
             result, state = await self.writes.store(lambda: producer.prepare_half(rec, group, session))
-            entry.transaction_id = transaction_id(result.physical_offset, state.queue_offset)
+            entry.transaction_id = transaction_id(self.ctx.config.brokerName, result.physical_offset,
+                                                  state.queue_offset)
         else:
             result = await self.writes.store(lambda: producer.submit_message(rec))
             producer.stored(topic, size)
@@ -108,10 +109,11 @@ class SendService:
     async def end_transaction(self, request, caller: Caller):
         topic = checked_topic(request.topic)
         require(caller, (TOPIC, topic, PUB))
-        place = parse_transaction_id(request.transaction_id)
+        broker = self.ctx.config.brokerName
+        place = parse_transaction_id(request.transaction_id, broker)
         if place is None:
-            raise GrpcError(Code["INVALID_TRANSACTION_ID"], f"{request.transaction_id!r} is not a transaction id "
-                                                            f"this broker gave")
+            raise GrpcError(Code["INVALID_TRANSACTION_ID"], f"{request.transaction_id[:100]!r} is not a transaction "
+                                                            f"id this broker ({broker}) gave")
         decision = _RESOLUTIONS.get(request.resolution)
         if decision is None:
             raise GrpcError(Code["BAD_REQUEST"], "the resolution must be COMMIT or ROLLBACK")

@@ -46,23 +46,28 @@ def transaction_group(topic: str) -> str:
     return GRPC_GROUP_PREFIX + topic
 
 
-def transaction_id(half_offset: int, queue_offset: int) -> str:
-    return f"{half_offset:016X}{queue_offset:016X}"
+def transaction_id(broker: str, half_offset: int, queue_offset: int) -> str:
+    """``<brokerName>:<half offset><queue offset>`` (hex): in a cluster, another broker refuses it rather than decide
+    whatever half it holds at those offsets (brokerName is the broker group's: its replicas decide it alike)."""
+    return f"{broker}:{half_offset:016X}{queue_offset:016X}"
 
 
-def parse_transaction_id(text: str) -> tuple[int, int] | None:
-    """(half commit-log offset, half queue offset), or None when ``text`` is not one of ours."""
-    if len(text) != 32:
+def parse_transaction_id(text: str, broker: str) -> tuple[int, int] | None:
+    """(half commit-log offset, half queue offset), or None when ``text`` is not a transaction id ``broker`` gave."""
+    name, _, place = text.rpartition(":")
+    if name != broker or len(place) != 32:
         return None
     try:
-        return int(text[:16], 16), int(text[16:], 16)
+        return int(place[:16], 16), int(place[16:], 16)
     except ValueError:
         return None
 
 
 class ClientSession:
-    def __init__(self, client_id: str, owner: str, remote: str, language: str, max_unread: int, max_body: int):
+    def __init__(self, client_id: str, owner: str, remote: str, language: str, max_unread: int, max_body: int,
+                 broker: str):
         self.client_id = client_id
+        self.broker = broker  #: brokerName, which the transaction ids it is sent name
         self.owner = owner
         self.remote = peer_host(remote) if remote else ""  #: ip:port, as a remoting channel's (admin shows it)
         self.language = _LANGUAGES.get(language, LanguageCode.OTHER)
@@ -118,7 +123,8 @@ class ClientSession:
         command = pb.TelemetryCommand()
         recover = command.recover_orphaned_transaction_command
         recover.message.CopyFrom(to_message(rec, max_body=self.max_body))
-        recover.transaction_id = transaction_id(int(ext["commitLogOffset"]), int(ext["tranStateTableOffset"]))
+        recover.transaction_id = transaction_id(self.broker, int(ext["commitLogOffset"]),
+                                                int(ext["tranStateTableOffset"]))
         self.queue(self._outbox, command)
         return True
 
@@ -212,7 +218,8 @@ class Sessions:
                                                        f"client ids already")
         plain = str(client_id)
         session = self.by_client[plain] = ClientSession(plain, owner, remote, language,
-                                                        cfg.grpcTelemetryMaxUnreadBytes, cfg.maxMessageSize)
+                                                        cfg.grpcTelemetryMaxUnreadBytes, cfg.maxMessageSize,
+                                                        cfg.brokerName)
         self._per_owner[owner] = self._per_owner.get(owner, 0) + 1
         return session
 

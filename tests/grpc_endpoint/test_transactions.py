@@ -128,3 +128,45 @@ async def test_admin_lists_a_5x_producer_under_its_topics_transaction_group(grpc
         [connection] = await admin.producer_connections("%GRPC%Listed")
     assert (connection["clientId"], connection["language"]) == (producer.client_id, "PYTHON")
     assert connection["clientAddr"].startswith("127.0.0.1:")
+
+
+def test_transaction_ids_and_receipt_handles_name_their_broker(grpc_broker, clients):
+    """In a cluster an EndTransaction or an ack sent to the wrong broker named only offsets, which that broker
+    looked up among its own halves and receipts. Transaction ids and receipt handles now carry their brokerName,
+    and another broker's are refused INVALID_TRANSACTION_ID / INVALID_RECEIPT_HANDLE, changing nothing."""
+    from rocketmq.grpc_protocol import AckMessageRequest, Code, EndTransactionRequest
+
+    from .conftest import raw_call
+    from .test_bounds import messages, receive_request
+
+    name = grpc_broker.broker.ctx.config.brokerName
+    producer = clients(Producer(grpc_broker.config(), ("Named",), Checker(TransactionResolution.ROLLBACK)))
+    transaction = producer.begin_transaction()
+    receipt = producer.send(message("Named", b"named"), transaction)
+    broker_part, _, place = receipt.transaction_id.rpartition(":")
+    assert broker_part == name
+
+    def end(transaction_id: str):
+        request = EndTransactionRequest(transaction_id=transaction_id, message_id=receipt.message_id,
+                                        resolution=TransactionResolution.COMMIT)
+        request.topic.name = "Named"
+        return raw_call(grpc_broker.endpoint, "EndTransaction", request).status
+
+    elsewhere = end(f"broker-elsewhere:{place}")
+    assert elsewhere.code == Code.INVALID_TRANSACTION_ID and name in elsewhere.message
+    assert half_states(grpc_broker) == [HalfStatus.PREPARED]
+    assert end(receipt.transaction_id).code == Code.OK
+    assert half_states(grpc_broker) == [HalfStatus.COMMITTED]
+
+    [got] = messages(raw_call(grpc_broker.endpoint, "ReceiveMessage", receive_request("NamedReaders", "Named")))
+    handle = got.system_properties.receipt_handle
+    assert handle.split(":")[0] == name
+
+    def ack(receipt_handle: str):
+        request = AckMessageRequest()
+        request.group.name, request.topic.name = "NamedReaders", "Named"
+        request.entries.add(message_id=got.system_properties.message_id, receipt_handle=receipt_handle)
+        return raw_call(grpc_broker.endpoint, "AckMessage", request).entries[0].status.code
+
+    assert ack("broker-elsewhere:" + handle.split(":", 1)[1]) == Code.INVALID_RECEIPT_HANDLE
+    assert ack(handle) == Code.OK
