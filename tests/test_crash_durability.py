@@ -7,7 +7,11 @@ import re
 import signal
 import sys
 
+import pytest
+
 from halfmq.client import Message, Producer, PullConsumer
+
+pytestmark = pytest.mark.slow  # the broker killed with SIGKILL and restarted, as a process
 
 READY = re.compile(rb"halfmq ready: broker (\S+) namesrv (\S+)")
 

@@ -24,6 +24,8 @@ from halfmq.client import LocalTransactionState, Message, PullConsumer, Transact
 
 from tests.support.broker_process import BrokerProcess
 
+pytestmark = pytest.mark.slow  # broker processes killed, stopped and restarted over and over
+
 SEEDS = [int(s) for s in os.environ.get("CRASH_SEEDS", "1 2 3").split()]
 FAULTS = 4
 RESOLVE_BOUND_S = 20.0

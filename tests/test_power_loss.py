@@ -48,6 +48,8 @@ from halfmq.protocol.message import decode_offset_msg_id, decode_record
 from tests.support.broker_process import BrokerDidNotStart, BrokerProcess
 from tests.support.powermount import PowerDisk
 
+pytestmark = pytest.mark.slow  # FUSE disks whose power is cut under broker processes
+
 S = LocalTransactionState
 PLAIN, TX = "PowerPlain", "PowerTx"
 BROKER_FLAGS = ("--mapSize=268435456", "--transactionTimeOut=100", "--transactionCheckInterval=100",

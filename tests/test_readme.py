@@ -241,7 +241,7 @@ def check_properties(block: Block) -> None:
     build_config(parse_properties(block.text, f"README.md line {block.line}"))
 
 
-@pytest.mark.parametrize("block", [pytest.param(b, id=b.name, marks=[pytest.mark.spark] if b.uses_spark else [])
+@pytest.mark.parametrize("block", [pytest.param(b, id=b.name, marks=[pytest.mark.spark, pytest.mark.slow] if b.uses_spark else [])
                                    for b in BLOCKS])
 async def test_block_runs(block: Block, readme_broker, tmp_path, monkeypatch):
     if block.lang == "python":

@@ -55,6 +55,7 @@ import time
 
 import grpc
 from google.protobuf import text_format
+import pytest
 
 from halfmq.broker.grpc.schema import ClientType, Code, Encoding, FilterType, MessageType, TransactionResolution, pb
 from halfmq.client import Credentials
@@ -939,6 +940,7 @@ class UnexpectedErrors(logging.Handler):
             self.records.append(self.format(record))
 
 
+@pytest.mark.slow  # thousands of random requests over both doors, with restarts
 async def test_random_request_sequences_keep_every_invariant(broker_factory, tmp_path):
     seed = int(os.environ.get("FUZZ_SEED") or random.randrange(2**32))
     acl = tmp_path / "plain_acl.yml"

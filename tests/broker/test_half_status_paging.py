@@ -7,6 +7,8 @@ import json
 import sys
 import time
 
+import pytest
+
 from halfmq.broker.processors.inspect import MAX_PAGE
 from halfmq.client.admin import Admin
 from halfmq.pipeline import broker_io
@@ -102,6 +104,7 @@ async def test_a_page_is_bounded_by_the_broker_and_bad_cursors_are_refused(broke
         raw.close()
 
 
+@pytest.mark.slow  # 100,000 halves stored first
 async def test_more_than_100k_transactions_are_all_seen(broker_factory):
     """The old answers stopped at 100,000 rows, silently."""
     broker = await broker_factory(transactionTimeOut=HOUR_MS)

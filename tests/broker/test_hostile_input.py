@@ -100,6 +100,11 @@ class WellBehavedClient(threading.Thread):
         client.close()
 
 
+#: 260 hypothesis runs of hostile frames beside a client that keeps sending (slow); the last test reads what the
+#: first counted, on one broker: under xdist they run on one worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("hostile-input")]
+
+
 @pytest.fixture(scope="module")
 def live_broker(tmp_path_factory):
     bt = BrokerThread(tmp_path_factory.mktemp("hostile"), serverMaxFrameSize=MAX_FRAME,

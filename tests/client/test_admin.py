@@ -5,6 +5,8 @@ import asyncio
 import json
 import sys
 
+import pytest
+
 from halfmq.client import LocalTransactionState, Message, Producer, PullConsumer, TransactionProducer
 
 
@@ -24,6 +26,7 @@ class Undecided:
         return LocalTransactionState.UNKNOW
 
 
+@pytest.mark.slow  # each command a `halfmq admin` process of its own
 async def test_admin_commands(broker_factory):
     broker = await broker_factory(transactionTimeOut=3_600_000)
     code, out, err = await admin(broker, "updateTopic", "-t", "Adm", "-r", "2", "-w", "2")

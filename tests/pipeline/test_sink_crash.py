@@ -25,6 +25,8 @@ from halfmq.protocol.message import decode_record
 from tests.support.broker_thread import BrokerThread
 from tests.support.local_spark import local_spark
 
+pytestmark = pytest.mark.slow  # Spark drivers in processes of their own, killed
+
 GROUP = "halfmq-spark-sink"
 #: The jobs' checkImmunitySeconds: orphans are checked soon after a crash, and the halves of a running job are
 #: not asked about every second while it writes (each check costs the broker about what a send does).

@@ -12,6 +12,7 @@ import tempfile
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
+import pytest
 
 from halfmq.store import HalfConflictError, HalfState, HalfStatus, MessageStore, StoreConfig
 from halfmq.store.txops import DecideHalf, DiscardHalf, MakeDue, PrepareHalf, RescheduleChecks, ResumeHalf
@@ -133,7 +134,7 @@ class HalfMachine(RuleBasedStateMachine):
         assert self.store.max_offset(REAL, 0) == committed
 
 
-TestHalfMachine = HalfMachine.TestCase
+TestHalfMachine = pytest.mark.slow(HalfMachine.TestCase)  # 15 runs of 30 steps, each a store and a writer process
 TestHalfMachine.settings = settings(max_examples=15, stateful_step_count=30, deadline=None,
                                     suppress_health_check=[HealthCheck.too_slow])
 
