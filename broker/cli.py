@@ -8,6 +8,7 @@ import gc
 import importlib
 import importlib.metadata
 import logging
+import os
 import signal
 import sys
 
@@ -39,13 +40,29 @@ def settle_garbage_collector() -> None:
     gc.set_threshold(10_000, 20, 100)
 
 
+def store_path_error(exc: OSError, store_dir: str) -> StartError | None:
+    """An OSError about the store folder, one of its parents or a file in it, as one line naming the key to fix
+    (a bare ``[Errno 2] No such file or directory: '/data'`` does not say which setting named that folder)."""
+    if exc.filename is None:
+        return None
+    store = os.path.abspath(store_dir)
+    failed = os.path.abspath(os.fsdecode(exc.filename))
+    if store == failed or store.startswith(failed.rstrip(os.sep) + os.sep) or failed.startswith(store + os.sep):
+        return StartError(f"storePathRootDir={store_dir}: cannot create or open {failed}: "
+                          f"{exc.strerror or exc}")
+    return None
+
+
 async def run_broker(config) -> None:
     broker = Broker(config)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await broker.start()
+    try:
+        await broker.start()
+    except OSError as exc:
+        raise store_path_error(exc, config.storePathRootDir) or exc
     settle_garbage_collector()
     # Always printed, whatever logLevel: scripts and supervisors wait for this line.
     print(f"halfmq ready: broker {broker.addr} namesrv {broker.namesrv_addr or '-'} "

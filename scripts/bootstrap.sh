@@ -22,6 +22,6 @@ for installed in "$stamps"-*; do
 done
 if [ ! -f "$stamp" ]; then
     .venv/bin/python -m pip install --quiet --upgrade pip
-    .venv/bin/python -m pip install --quiet -e "$spec"
+    .venv/bin/python -m pip install -qq -e "$spec"  # -qq: not the build backend's notes (an editable install's "be careful" box)
     touch "$stamp"
 fi

@@ -154,6 +154,20 @@ def test_cli_port_in_use_is_one_clear_line(tmp_path, setting):
     assert setting in output[0] and str(port) in output[0] and "in use" in output[0]
 
 
+@pytest.mark.parametrize("where", ["under-a-file", "a-file"])
+def test_cli_store_folder_that_cannot_be_made_names_its_key(tmp_path, where):
+    """A store folder that cannot be created (a parent is a file, or it is one): exit 1 with one line naming
+    storePathRootDir, not a bare [Errno 20]."""
+    (tmp_path / "file").write_text("")
+    store = tmp_path / "file" / "store" if where == "under-a-file" else tmp_path / "file"
+    result = run_cli("broker", "--bindAddress=127.0.0.1", f"--storePathRootDir={store}", "--listenPort=0",
+                     "--namesrvListenPort=0", "--metricsPromExporterPort=-1", "--grpcListenPort=-1", "--dashboardPort=-1")
+    assert result.returncode == 1, result
+    output = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    assert len(output) == 1, output
+    assert f"storePathRootDir={store}" in output[0] and "Not a directory" in output[0], output
+
+
 async def test_failed_start_stops_what_it_started(tmp_path):
     """Broker.start failing at its last step (the metrics port) leaves no task running and the store closed."""
     import asyncio
