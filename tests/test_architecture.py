@@ -1,0 +1,192 @@
+"""docs/ARCHITECTURE.md stays true: every module, folder, class, function, method, constant and configuration key
+it names in backticks exists in the code.
+
+How a backticked name is read (anything else — a command, a topic pattern, a table key, a word — is prose):
+
+- ``a/b.py``, ``b.py``, ``pages_*.py``, ``dashboard.css``: a file of the repository whose path ends so; ``a/b/``:
+  a folder.
+- ``Name.attr``, ``module.Name.attr``, ``package.module.func``: resolved part by part over the repository's
+  packages, modules and classes (a class's methods, class attributes, dataclass fields and ``self.x``
+  attributes, inherited ones too); a first part that is none of them (``asyncio.Lock``) is another project's; a
+  dotted string the code holds (``lifecycle.purges``, a key) or writes as an expression (``context.write``, a
+  parameter's method) is there too.
+- ``CamelCase``, ``snake_case``, ``_private``, ``UPPER_CASE``: defined somewhere in the code (a class, function,
+  method, attribute or assigned name), a message or RPC of the gRPC protocol's .proto files, or a string the
+  code holds (a topic name such as ``RMQ_SYS_TRANS_HALF_TOPIC``).
+- ``lowerCamelCase``: a configuration key (``BrokerConfig``, ``NamesrvConfig``), or a field of a request the code
+  reads or a string it holds (a JSON field of the wire: ``brokerAddrs``).
+
+A call written with its arguments (``submit(op)``, ``Dispatcher.drain(shutdownGraceSeconds)``) names the callee.
+"""
+from __future__ import annotations
+
+import ast
+import fnmatch
+import re
+from dataclasses import fields
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from halfmq.broker.config import BrokerConfig
+from halfmq.broker.namesrv.config import NamesrvConfig
+
+REPO = Path(__file__).resolve().parents[1]
+DOC = REPO / "docs" / "ARCHITECTURE.md"
+#: the folders pyproject maps onto ``halfmq.<package>`` (the import name's first part is ``halfmq``)
+PACKAGES = ("protocol", "transactions", "store", "broker", "client", "pipeline", "dashboard")
+#: what the map may name besides the packages: the test harness (``EtcdCluster``) and the scripts
+OTHER_CODE = ("tests", "scripts")
+IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+
+
+class Index:
+    """What the code defines: modules and packages by dotted path, each scope's names, every name anywhere."""
+
+    def __init__(self) -> None:
+        self.scopes: dict[str, set[str]] = {}  #: "broker.server" / "broker.server.Broker" → names defined in it
+        self.bases: dict[str, list[str]] = {}  #: "broker.server.Broker" → the names of its base classes
+        self.sources: list[str] = []
+        self.anywhere: set[str] = set()
+        self.strings: set[str] = set()
+        self.files = sorted(str(p.relative_to(REPO)) for p in REPO.rglob("*")
+                            if not {".venv", ".git", ".peers", "node_modules"} & set(p.relative_to(REPO).parts))
+        self.folders = {str(Path(f).parent) + "/" for f in self.files}
+        for package in PACKAGES + OTHER_CODE:
+            for path in sorted((REPO / package).rglob("*.py")):
+                if path == Path(__file__).resolve():
+                    continue  # its own examples of names that are not there
+                rel = path.relative_to(REPO).with_suffix("")
+                parts = list(rel.parts[:-1]) if rel.name == "__init__" else list(rel.parts)
+                for depth in range(1, len(parts)):
+                    self.scopes.setdefault(".".join(parts[:depth]), set()).add(parts[depth])
+                self.sources.append(path.read_text())
+                self._module(".".join(parts), ast.parse(self.sources[-1], str(path)))
+        for proto in (REPO / "broker").rglob("*.proto"):  # the gRPC messages and RPCs the endpoint serves
+            self.anywhere.update(re.findall(r"^\s*(?:message|enum|rpc)\s+(\w+)", proto.read_text(), re.M))
+
+    def _module(self, name: str, tree: ast.Module) -> None:
+        self._scope(name, tree.body)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                self.strings.add(node.value)
+            elif isinstance(node, ast.Attribute):
+                if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls") \
+                        and isinstance(node.ctx, ast.Store):
+                    self.anywhere.add(node.attr)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                self.anywhere.add(node.name)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                self.anywhere.add(node.id)
+
+    def _scope(self, name: str, body: list[ast.stmt]) -> None:
+        names = self.scopes.setdefault(name, set())
+        for node in body:
+            for defined in _defined(node):
+                names.add(defined)
+                self.anywhere.add(defined)
+            if isinstance(node, ast.ClassDef):
+                self._scope(f"{name}.{node.name}", node.body)
+                self.bases[f"{name}.{node.name}"] = [b.id if isinstance(b, ast.Name) else b.attr for b in node.bases
+                                                     if isinstance(b, (ast.Name, ast.Attribute))]
+                attrs = self.scopes[f"{name}.{node.name}"]
+                for inner in ast.walk(node):  # self.x = ... in its methods
+                    if isinstance(inner, ast.Attribute) and isinstance(inner.ctx, ast.Store) \
+                            and isinstance(inner.value, ast.Name) and inner.value.id == "self":
+                        attrs.add(inner.attr)
+            elif isinstance(node, (ast.If, ast.Try)):  # a name defined under a condition (optional imports)
+                self._scope(name, [n for n in ast.iter_child_nodes(node) if isinstance(n, ast.stmt)])
+
+    def resolve(self, dotted: str) -> bool | None:
+        """True when every part resolves, False when the first does and a later one does not, None when the
+        first part is none of the repository's (another project's name)."""
+        parts = dotted.split(".")
+        if parts[0] == "halfmq":
+            parts = parts[1:]
+        starts = [s for s in self.scopes if s == parts[0] or s.endswith("." + parts[0])]
+        if not starts:
+            return None
+        return any(self._walk(start, parts[1:]) for start in starts)
+
+    def _walk(self, scope: str, rest: list[str]) -> bool:
+        if not rest:
+            return True
+        if rest[0] not in self.scopes.get(scope, ()):
+            # inherited: a class's bases, found by their names
+            return any(self._walk(base, rest) for name in self.bases.get(scope, ())
+                       for base in self.scopes if base.endswith("." + name) and base in self.bases)
+        inner = f"{scope}.{rest[0]}"
+        return len(rest) == 1 or (inner in self.scopes and self._walk(inner, rest[1:]))
+
+    def used(self, dotted: str) -> bool:
+        """Whether the code writes ``dotted`` as an expression (``context.write``: a parameter's method)."""
+        pattern = re.compile(rf"(?<![\w.]){re.escape(dotted)}\b")
+        return any(pattern.search(source) for source in self.sources)
+
+
+def _defined(node: ast.stmt) -> list[str]:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [node.name]
+    if isinstance(node, ast.Assign):
+        return [n.id for target in node.targets for n in ast.walk(target) if isinstance(n, ast.Name)]
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+        return [node.target.id]
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return [(alias.asname or alias.name).split(".")[0] for alias in node.names]
+    return []
+
+
+@cache
+def index() -> Index:
+    return Index()
+
+
+CONFIG_KEYS = {f.name for cls in (BrokerConfig, NamesrvConfig) for f in fields(cls)}
+
+
+def named() -> list[str]:
+    """Each distinct backticked span of the document, a call's arguments dropped."""
+    spans = re.findall(r"`([^`\n]+)`", DOC.read_text())
+    return sorted({re.sub(r"\(.*\)$", "", span.strip()) for span in spans})
+
+
+def problem(name: str) -> str | None:
+    """Why ``name`` is not in the code, or None when it is (or is not a name of code)."""
+    code = index()
+    if re.fullmatch(r"[\w/*.-]+\.(py|css|js|html|md|yml|proto|toml|sh|conf)", name):
+        found = any(fnmatch.fnmatch(f, name) or fnmatch.fnmatch(f, "*/" + name) for f in code.files)
+        return None if found else "no such file"
+    if re.fullmatch(r"[\w.-]+(/[\w.-]+)*/", name):
+        found = any(f == name or f.endswith("/" + name) for f in code.folders)
+        return None if found else "no such folder"
+    if re.fullmatch(rf"{IDENT}(\.{IDENT})+", name):
+        if code.resolve(name) is not False or name in code.strings or code.used(name):
+            return None
+        return "not defined there"
+    if not re.fullmatch(IDENT, name):
+        return None  # prose: a command, a pattern, an expression
+    if re.fullmatch(r"[a-z][a-z0-9]*([A-Z][a-z0-9]*)+", name):  # lowerCamelCase
+        if name in CONFIG_KEYS or name in code.strings or code.used(name):
+            return None
+        return "no such configuration key or field"
+    if "_" in name or name[0].isupper():
+        if name in code.anywhere or name in code.strings:
+            return None
+        return "defined nowhere"
+    return None  # a lower-case word: a table, a field, prose
+
+
+def test_every_name_it_gives_exists():
+    missing = [f"`{name}`: {why}" for name in named() if (why := problem(name)) is not None]
+    assert not missing, "docs/ARCHITECTURE.md names what the code does not have:\n" + "\n".join(missing)
+
+
+@pytest.mark.parametrize("name", ["store/nowhere.py", "processors/", "Broker.no_such_method",
+                                  "ProducerService.check_nothing", "halfmq.broker.server.NoSuchThing",
+                                  "NoSuchClass", "no_such_function", "NO_SUCH_LIMIT", "noSuchConfigKey"])
+def test_a_name_that_is_not_there_is_found(name):
+    if name == "processors/":
+        assert problem(name) is None and problem("nowhere/") is not None
+    else:
+        assert problem(name) is not None, name
