@@ -39,8 +39,6 @@ its replay from the original.
 """
 from __future__ import annotations
 
-import base64
-import hashlib
 import hmac
 import ipaddress
 import json
@@ -71,6 +69,7 @@ from halfmq.protocol.headers import (
     ViewMessageRequestHeader,
 )
 from halfmq.protocol.properties import decode_properties
+from halfmq.protocol.signing import signature
 
 from .errors import BrokerError, Failure
 from .names import GRPC_GROUP_PREFIX, check_remoting_group
@@ -143,12 +142,6 @@ def load_accounts(path: str) -> dict[str, Account]:
             parse_perm(raw.get("defaultTopicPerm", "DENY"), where), parse_perm(raw.get("defaultGroupPerm", "DENY"), where),
             _resource_perms(raw.get("topicPerms"), where), _resource_perms(raw.get("groupPerms"), where))
     return accounts
-
-
-def signature(secret_key: str, ext_fields: dict[str, str], body: bytes) -> str:
-    """RocketMQ's AclUtils: HMAC-SHA1 over the sorted extField values (without Signature) and the body."""
-    content = "".join(ext_fields[k] for k in sorted(ext_fields) if k != "Signature").encode() + (body or b"")
-    return base64.b64encode(hmac.new(secret_key.encode(), content, hashlib.sha1).digest()).decode()
 
 
 def is_loopback(remote: str) -> bool:

@@ -36,31 +36,16 @@ does not retry the same message on another broker.
 from __future__ import annotations
 
 import re
-from functools import lru_cache
 
 from halfmq.protocol import properties as P
 from halfmq.protocol.codes import ResponseCode
+# The limits and the name pattern are protocol/rules.py's, which clients and the dashboard use too.
+from halfmq.protocol.rules import (  # noqa: F401 (the limits and prefixes are imported from here too)
+    BROKER_NAME, CONTROL, CONTROL_OR_SPACE, DLQ_PREFIX, GRPC_GROUP_PREFIX, LMDB_MAX_KEY_BYTES, MAX_CLIENT_ID_BYTES,
+    MAX_GROUP_LENGTH, MAX_MESSAGE_KEY_BYTES, MAX_TOPIC_LENGTH, NAME, NOT_NAME, PATTERN_TEXT, RETRY_PREFIX, is_name)
 
 from .errors import BrokerError
 
-LMDB_MAX_KEY_BYTES = 511
-MAX_TOPIC_LENGTH = 127
-RETRY_PREFIX = "%RETRY%"
-DLQ_PREFIX = "%DLQ%"
-MAX_GROUP_LENGTH = MAX_TOPIC_LENGTH - len(RETRY_PREFIX)
-#: topic NUL key NUL + 8-byte offset: the key index's key around a message key.
-_KEY_INDEX_OVERHEAD = 1 + 1 + 8
-MAX_MESSAGE_KEY_BYTES = LMDB_MAX_KEY_BYTES - MAX_TOPIC_LENGTH - _KEY_INDEX_OVERHEAD
-MAX_CLIENT_ID_BYTES = 255
-#: the gRPC endpoint's transaction groups (broker/grpc/sessions.transaction_group): never a remoting client's
-GRPC_GROUP_PREFIX = "%GRPC%"
-
-PATTERN_TEXT = "^[%|a-zA-Z0-9_-]+$"
-_NAME = re.compile(r"[%|a-zA-Z0-9_-]+")
-_NOT_NAME = re.compile(r"[^%|a-zA-Z0-9_-]")
-#: Unicode's control characters (C0 with NUL and the property separators, DEL, C1) and lone surrogates.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
-_CONTROL_OR_SPACE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff\\s]")
 _SHOWN = 48
 
 
@@ -72,7 +57,7 @@ def _show(value: str) -> str:
 
 
 def _utf8_len(value: str) -> int:
-    # surrogatepass: a lone surrogate must give a length, not an exception; it is refused by _CONTROL anyway.
+    # surrogatepass: a lone surrogate must give a length, not an exception; it is refused by CONTROL anyway.
     return len(value) if value.isascii() else len(value.encode("utf-8", "surrogatepass"))
 
 
@@ -84,24 +69,16 @@ def _text(value: object, field: str, code: int) -> str:
     return value
 
 
-@lru_cache(maxsize=4096)
-def _is_name(value: str) -> bool:
-    """Whether ``value`` is made of name characters only. Cached: every request names a topic or a group, mostly
-    the same few (0.44 -> 0.18 us a check); only strings within a name's length get here, so the cache is bounded
-    in bytes as in entries."""
-    return _NAME.fullmatch(value) is not None
-
-
 def _check_name(value: object, field: str, kind: str, max_length: int, code: int) -> str:
-    if type(value) is str and len(value) <= max_length and _is_name(value):
+    if type(value) is str and len(value) <= max_length and is_name(value):
         return value
     name = _text(value, field, code)
-    if len(name) <= max_length and _NAME.fullmatch(name):
+    if len(name) <= max_length and NAME.fullmatch(name):
         return name  # a str of a subclass
     if len(name) > max_length:
         raise BrokerError(code, f"{field} is {len(name)} characters, longer than the {kind} max length "
                                 f"{max_length}: {_show(name)}")
-    bad = _NOT_NAME.search(name)
+    bad = NOT_NAME.search(name)
     raise BrokerError(code, f"{field} {_show(name)} contains the illegal character {bad.group()!r} at index "
                             f"{bad.start()}; a {kind} allows only {PATTERN_TEXT}")
 
@@ -124,11 +101,6 @@ def check_topic(value: object, field: str = "topic", code: int = ResponseCode.SY
 def validate_topic_name(name: object) -> None:
     """``check_topic`` under the name the send and admin processors import; raises BrokerError(SYSTEM_ERROR)."""
     check_topic(name)
-
-
-#: A broker's or cluster's name (brokerName, brokerClusterName): every client, tool and page shows it, so nothing in
-#: it may read as markup or as a separator; RocketMQ's topic bound.
-BROKER_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,127}")
 
 
 def check_broker_name(value: str, field: str) -> str:
@@ -174,7 +146,7 @@ def check_client_id(value: object, field: str = "clientID", code: int = Response
         BrokerError: ``code`` with a remark naming the field and the broken limit.
     """
     client_id = _text(value, field, code)
-    _check_bytes(client_id, field, MAX_CLIENT_ID_BYTES, _CONTROL, "a control character", code)
+    _check_bytes(client_id, field, MAX_CLIENT_ID_BYTES, CONTROL, "a control character", code)
     return client_id
 
 
@@ -186,7 +158,7 @@ def check_message_key(value: object, field: str = "key", code: int = ResponseCod
         BrokerError: ``code`` with a remark naming the field and the broken limit.
     """
     key = _text(value, field, code)
-    _check_bytes(key, field, MAX_MESSAGE_KEY_BYTES, _CONTROL_OR_SPACE, "whitespace or a control character", code)
+    _check_bytes(key, field, MAX_MESSAGE_KEY_BYTES, CONTROL_OR_SPACE, "whitespace or a control character", code)
     return key
 
 
@@ -194,7 +166,7 @@ def _check_bytes(value: str, field: str, max_bytes: int, forbidden: re.Pattern, 
     # The common case first: printable ASCII is one byte a character, holds no control character and no
     # whitespace but the space.
     if (len(value) <= max_bytes and value.isascii() and value.isprintable()
-            and (forbidden is _CONTROL or " " not in value)):
+            and (forbidden is CONTROL or " " not in value)):
         return
     bad = forbidden.search(value)
     if bad is not None:

@@ -45,7 +45,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from halfmq.protocol.codes import FLAG_RESPONSE, ResponseCode
+from halfmq.protocol.codes import FLAG_RESPONSE
 from halfmq.protocol.command import decode_command
 from halfmq.protocol.errors import FrameError, HeaderError
 from halfmq.protocol.frame import FrameDecoder
@@ -446,7 +446,3 @@ class BrokerProtocol(asyncio.Protocol):
             self.transport.pause_reading()
         else:
             self.transport.resume_reading()
-
-
-def error_code_for(exc: BaseException) -> int:
-    return getattr(exc, "code", ResponseCode.SYSTEM_ERROR)

@@ -28,6 +28,7 @@ from halfmq.protocol.headers import (ConnectionListRequestHeader, ConsumeStatsRe
                                      SearchOffsetRequestHeader, TopicRequestHeader, TopicStatsRequestHeader,
                                      UpdateConsumerOffsetRequestHeader, ViewMessageRequestHeader)
 from halfmq.protocol.message import decode_offset_msg_id, decode_records
+from halfmq.protocol.rules import RETRY_PREFIX
 
 from .errors import AddressError, BrokerError, ClientError, ConnectionClosedError, RequestTimeoutError, error_for
 from .message import MessageExt
@@ -507,7 +508,7 @@ class Admin:
             rows = []
             for row in (await self.json_call(broker.addr, RequestCode.GET_CONSUME_STATS, stats))["offsetTable"]:
                 name, queue_id = row["topic"], row["queueId"]
-                if topic is None and name.startswith("%RETRY%"):
+                if topic is None and name.startswith(RETRY_PREFIX):
                     continue
                 queue = QueueRequestHeader(topic=name, queueId=queue_id).to_ext()
                 offset = await self.search_offset(broker.addr, name, queue_id, timestamp_ms)

@@ -9,13 +9,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from halfmq.protocol.codes import ResponseCode
+from halfmq.protocol.rules import DLQ_PREFIX, RETRY_PREFIX
 
 from .admin import Admin
 from .consumer import PullConsumer, PullStatus
 from .errors import BrokerError, ClientError
 from .message import Message, MessageExt, MessageQueue, SendResult
 from .producer import Producer
-from .push import RETRY_PREFIX
 
 #: mqadmin's groups for its own producer and reader (MixAll.TOOLS_CONSUMER_GROUP and the sendMessage command's).
 TOOLS_PRODUCER_GROUP = "PID_SMSC"
@@ -27,7 +27,6 @@ UNIQUE_KEY_WINDOW_MS = 10 * 60 * 1000
 UNIQUE_KEY_MAX_SCAN = 200_000
 #: Messages per pull of a read (the broker's default most is 1024: maxTransferCountOnMessageInMemory).
 PULL_BATCH = 256
-DLQ_PREFIX = "%DLQ%"
 #: RocketMQ's system topics (its TopicValidator's), which the name server lists with the others: the half topic's
 #: records carry the unique keys of the transactions' messages, and none of these is what an operator counts.
 SYSTEM_TOPICS = frozenset({"TBW102", "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC",

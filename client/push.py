@@ -14,13 +14,13 @@ from typing import Awaitable, Callable
 
 from halfmq.protocol import properties as P
 from halfmq.protocol.codes import RequestCode
+from halfmq.protocol.rules import RETRY_PREFIX
 
 from .consumer import PullConsumer, PullStatus
 from .errors import ClientError
 from .message import MessageExt, MessageQueue
 
 log = logging.getLogger(__name__)
-RETRY_PREFIX = "%RETRY%"
 REBALANCE_INTERVAL_S = 20.0
 PERSIST_INTERVAL_S = 5.0
 ERROR_BACKOFF_S = 1.0

@@ -6,9 +6,6 @@ NOTIFY_CONSUMER_IDS_CHANGED); they are dispatched to handlers registered by code
 from __future__ import annotations
 
 import asyncio
-import base64
-import hashlib
-import hmac
 import itertools
 import logging
 import os
@@ -19,6 +16,7 @@ from halfmq.protocol.codes import FLAG_ONEWAY, LanguageCode
 from halfmq.protocol.command import RemotingCommand, decode_command
 from halfmq.protocol.errors import ProtocolError
 from halfmq.protocol.frame import FrameDecoder
+from halfmq.protocol.signing import sign
 
 from .errors import AddressError, ConnectionClosedError, RequestTimeoutError
 
@@ -64,12 +62,7 @@ class Credentials:
         self.secret_key = secret_key
 
     def sign(self, ext_fields: dict[str, str] | None, body: bytes) -> dict[str, str]:
-        ext = dict(ext_fields or {})
-        ext["AccessKey"] = self.access_key
-        content = "".join(ext[k] for k in sorted(ext)).encode() + (body or b"")
-        digest = hmac.new(self.secret_key.encode(), content, hashlib.sha1).digest()
-        ext["Signature"] = base64.b64encode(digest).decode()
-        return ext
+        return sign(ext_fields, body, self.access_key, self.secret_key)
 
 
 class Connection(asyncio.Protocol):

@@ -3,30 +3,28 @@ with its members and subscriptions, its lag per broker and queue, a lag chart, i
 and a reset of its offsets to a time (mqadmin resetOffsetByTime)."""
 from __future__ import annotations
 
-import re
 from urllib.parse import quote
 
 from aiohttp import web
 
 from halfmq.client.errors import BrokerError
 from halfmq.protocol.codes import ResponseCode
+from halfmq.protocol.rules import DLQ_PREFIX, MAX_GROUP_LENGTH, MAX_TOPIC_LENGTH, RETRY_PREFIX, is_group
 
 from .page import HISTORY, SESSION, admin_for, render
 from .params import Refused, form_of, integer, refusals, served, text, timestamp, utc
 
 routes = web.RouteTableDef()
 NAV = ("/groups", "Groups")
-RETRY_PREFIX, DLQ_PREFIX = "%RETRY%", "%DLQ%"
-#: a group name as the brokers accept one (broker/names.check_group): anything else is a bad request, not a lookup
-GROUP_NAME = re.compile(r"[%|a-zA-Z0-9_-]{1,120}")
 MAX_SIZE = 100
 DEFAULT_SIZE = 50
-MAX_FILTER = 120
+MAX_FILTER = MAX_GROUP_LENGTH  #: a filter is (part of) a group name
 
 
 def group_name(value: str, name: str = "group") -> str:
-    if not GROUP_NAME.fullmatch(value):
-        raise Refused(400, f"{name} {value[:40]!r} is not a group name (1-120 of A-Z a-z 0-9 _ - % |)")
+    """A group name as the brokers accept one (protocol/rules.py): anything else is a bad request, not a lookup."""
+    if not is_group(value):
+        raise Refused(400, f"{name} {value[:40]!r} is not a group name (1-{MAX_GROUP_LENGTH} of A-Z a-z 0-9 _ - % |)")
     return value
 
 
@@ -113,7 +111,7 @@ async def reset(request: web.Request) -> dict:
     when = timestamp(form, "time")
     if when is None:
         raise Refused(400, "time is missing: epoch milliseconds or an ISO 8601 time")
-    topic = text(form, "topic", max_length=127) or None
+    topic = text(form, "topic", max_length=MAX_TOPIC_LENGTH) or None
     if topic is not None and topic not in detail["topics"]:
         raise Refused(400, f"topic {topic!r} is not one the group reads: {', '.join(detail['topics']) or 'none'}")
     if detail["online"]:

@@ -24,6 +24,7 @@ from halfmq.protocol import properties as P
 from halfmq.protocol.codes import RequestCode, ResponseCode, SysFlag
 from halfmq.protocol.headers import ConsumeStatsRequestHeader
 from halfmq.protocol.message import decode_offset_msg_id
+from halfmq.protocol.rules import DLQ_PREFIX, MAX_MESSAGE_KEY_BYTES, is_message_key
 
 from .page import SESSION, SETTINGS, admin_for, render
 from .params import Refused, choice, integer, refusals, text, timestamp, topic_name, utc
@@ -32,12 +33,8 @@ routes = web.RouteTableDef()
 NAV = ("/messages", "Messages")
 MAX_SIZE = 100
 MAX_GROUPS_PAGE = 50
-DLQ_PREFIX = "%DLQ%"
 RESEND_GROUP = "halfmq_dashboard"
 OFFSET_MSG_ID = re.compile(r"[0-9A-Fa-f]{32}|[0-9A-Fa-f]{56}")
-#: a message key as the brokers accept one (broker/names.py): 1-374 UTF-8 bytes, no whitespace or control character
-MAX_KEY_BYTES = 374
-NO_SPACE = re.compile(r"[^\s\x00-\x1f\x7f]+")
 VIEWS = ("auto", "text", "json", "hex")
 PREVIEW_CHARS = 120
 TEXT_SHOWN = 256 * 1024  #: characters of a body shown as text or JSON
@@ -126,9 +123,10 @@ class QueueRange:
 
 
 def _key(values) -> str:
-    key = text(values, "key", max_length=MAX_KEY_BYTES)
-    if not NO_SPACE.fullmatch(key) or len(key.encode()) > MAX_KEY_BYTES:
-        raise Refused(400, f"key must be 1-{MAX_KEY_BYTES} UTF-8 bytes without whitespace or control characters")
+    key = text(values, "key", max_length=MAX_MESSAGE_KEY_BYTES)
+    if not is_message_key(key):  # as the brokers accept one: a bad key is a 400, not a broker's refusal
+        raise Refused(400, f"key must be 1-{MAX_MESSAGE_KEY_BYTES} UTF-8 bytes without whitespace or control "
+                           f"characters")
     return key
 
 

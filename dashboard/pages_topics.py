@@ -12,9 +12,10 @@ from urllib.parse import quote, urlencode
 from aiohttp import web
 
 from halfmq.client.admin import Admin
+from halfmq.protocol.rules import MAX_QUEUES, MAX_TOPIC_LENGTH, is_topic
 
 from .page import SESSION, admin_for, render
-from .params import TOPIC_NAME, Refused, choice, form_of, integer, refusals, text, topic_name, utc
+from .params import Refused, choice, form_of, integer, refusals, text, topic_name, utc
 
 routes = web.RouteTableDef()
 NAV = ("/topics", "Topics")
@@ -24,7 +25,6 @@ MESSAGE_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION", "MIXED")
 #: permissions a topic may be given here: read and write, read only, write only, none
 PERMS = {6: "read and write", 4: "read only", 2: "write only", 0: "none"}
 MAX_SIZE = 200
-MAX_QUEUES = 1024
 READINGS_KEPT = 5_000  #: topics per session whose last messages-in reading is kept for "in/s"
 MIN_RATE_WINDOW_S = 1.0
 
@@ -78,9 +78,9 @@ async def topics(request: web.Request) -> dict:
     matching on each broker), ``errors`` (brokers that did not answer), and the ``filter`` used."""
     q = request.query
     kind = choice(q, "kind", tuple(KINDS), "normal")
-    contains = text(q, "contains", max_length=127)
+    contains = text(q, "contains", max_length=MAX_TOPIC_LENGTH)
     size = integer(q, "size", 50, 1, MAX_SIZE)
-    after = text(q, "after", max_length=127) or None
+    after = text(q, "after", max_length=MAX_TOPIC_LENGTH) or None
     page = await admin_for(request).topic_stats_page(size, after, contains, KINDS[kind])
     session = request[SESSION]
     return {"topics": [_topic_row(session, entry) for entry in page["topics"]], "next": page["next"],
@@ -119,7 +119,7 @@ async def save_topic(request: web.Request) -> dict:
     2 or 0), ``messageType`` (empty: undeclared, any type), on ``broker`` or every master of ``cluster`` (neither:
     every master of the one cluster)."""
     form = await form_of(request)
-    name = topic_name(text(form, "topic", max_length=127))
+    name = topic_name(text(form, "topic", max_length=MAX_TOPIC_LENGTH))
     read = integer(form, "readQueues", 8, 1, MAX_QUEUES)
     write = integer(form, "writeQueues", read, 1, MAX_QUEUES)
     perm = integer(form, "perm", 6, 0, 7)
@@ -172,7 +172,7 @@ async def topics_page(request: web.Request) -> web.Response:
     query = {k: v for k, v in data["filter"].items() if k != "after"}
     return render(request, "topics.html", {
         **data, "kinds": tuple(KINDS), "message_types": MESSAGE_TYPES, "perms": PERMS,
-        "brokers": await admin_for(request).masters(), "deleted": deleted if TOPIC_NAME.fullmatch(deleted) else "",
+        "brokers": await admin_for(request).masters(), "deleted": deleted if is_topic(deleted) else "",
         "first_url": "/topics?" + urlencode(query) if data["filter"]["after"] else "",
         "next_url": "/topics?" + urlencode({**query, "after": data["next"]}) if data["next"] else ""})
 

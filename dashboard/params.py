@@ -3,17 +3,15 @@ message saying which, a thing that does not exist with 404, as JSON under /api/ 
 from __future__ import annotations
 
 import functools
-import re
 from datetime import datetime, timezone
 
 from aiohttp import web
 
 from halfmq.client.errors import TopicNotExistError
+from halfmq.protocol.rules import MAX_TOPIC_LENGTH, is_topic
 
 from .page import error_page, json_error, render
 
-#: a topic name as the brokers accept one (broker/names.py): checked here so a typo is a 400, not a broker's refusal
-TOPIC_NAME = re.compile(r"[%|a-zA-Z0-9_-]{1,127}")
 MAX_MS = int(datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone.utc).timestamp() * 1000)
 
 
@@ -83,8 +81,9 @@ def choice(values, name: str, choices, default: str) -> str:
 
 
 def topic_name(value: str, name: str = "topic") -> str:
-    if not TOPIC_NAME.fullmatch(value):
-        raise Refused(400, f"{name} {value[:140]!r} is not a topic name (1-127 of A-Z a-z 0-9 _ - % |)")
+    """A topic name as the brokers accept one (protocol/rules.py): a typo is a 400, not a broker's refusal."""
+    if not is_topic(value):
+        raise Refused(400, f"{name} {value[:140]!r} is not a topic name (1-{MAX_TOPIC_LENGTH} of A-Z a-z 0-9 _ - % |)")
     return value
 
 

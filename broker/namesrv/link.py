@@ -9,7 +9,7 @@ import itertools
 from halfmq.protocol.command import RemotingCommand, decode_command
 from halfmq.protocol.frame import FrameDecoder
 
-from ..acl import signature
+from halfmq.protocol.signing import signature
 from ..config import ConfigError
 
 _MAX_ANSWER = 64 << 20  #: a route or cluster answer; a peer that announces more is not a name server

@@ -11,13 +11,13 @@ from halfmq.protocol.command import RemotingCommand
 from halfmq.protocol.headers import (CreateTopicRequestHeader, DeleteSubscriptionGroupRequestHeader,
                                      TopicRequestHeader, ViewMessageRequestHeader)
 from halfmq.protocol.message import decode_record
+from halfmq.protocol.rules import MAX_QUEUES
 
 from ..context import BrokerContext
 from ..errors import BrokerError
 from ..names import DLQ_PREFIX, RETRY_PREFIX, check_group, validate_topic_name
 from ..topics import HALF_TOPIC, SYSTEM_TOPICS, TopicConfig, apply_attributes
 
-MAX_QUEUES = 1024
 #: RocketMQ's SubscriptionGroupConfig fields and defaults. halfmq keeps no per-group settings (a group is its
 #: retry topic, see topics.py): a request asking for anything but these defaults is refused, naming the field.
 SUBSCRIPTION_GROUP_DEFAULTS = {"consumeEnable": True, "consumeFromMinEnable": True, "consumeBroadcastEnable": True,

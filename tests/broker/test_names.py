@@ -367,9 +367,9 @@ def test_check_message_names_the_property_and_checks_the_half_group():
 
 
 def test_the_cache_of_checked_names_keeps_none_longer_than_a_name():
-    """Names are checked through a cache (names._is_name): a client sending huge names, each new, must not fill it
+    """Names are checked through a cache (names.is_name, protocol/rules.py): a client sending huge names, each new, must not fill it
     with their bytes."""
-    names._is_name.cache_clear()
+    names.is_name.cache_clear()
     for size in (128, 1 << 20):
         with pytest.raises(BrokerError):
             names.check_topic("t" * size)
@@ -378,4 +378,4 @@ def test_the_cache_of_checked_names_keeps_none_longer_than_a_name():
     names.check_topic("Fine")
     with pytest.raises(BrokerError):
         names.check_topic("No!")
-    assert names._is_name.cache_info().currsize == 2
+    assert names.is_name.cache_info().currsize == 2
