@@ -16,18 +16,11 @@ from halfmq.store import CorruptStoreError, StoreLockedError
 
 from .acl import AclConfigError
 from .config import ConfigError, load_config
-from .server import Broker, StartError
+from .listen import StartError
+from .loop import new_event_loop
+from .server import Broker
 
 log = logging.getLogger("halfmq")
-
-
-def new_event_loop() -> asyncio.AbstractEventLoop:
-    """The one place the loop is chosen: uvloop when installed."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
 
 
 def settle_garbage_collector() -> None:

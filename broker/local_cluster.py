@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import ConfigError, load_config, parse_flags
+from .loop import new_event_loop
 
 NAMESRV_READY = re.compile(rb"halfmq namesrv ready: (\S+)")
 ETCD_READY = re.compile(rb"serving client traffic")  #: logged once the member joined a cluster with quorum
@@ -516,7 +517,6 @@ async def run(plan: Plan) -> int:
 
 
 def cluster_main(argv: list[str]) -> int:
-    from .cli import new_event_loop  # the one place the loop is chosen (uvloop: no child-watcher threads)
     plan = parse_args(argv)
     loop = new_event_loop()
     try:

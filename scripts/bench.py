@@ -43,7 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from halfmq.broker.cli import new_event_loop  # noqa: E402
+from halfmq.broker.loop import new_event_loop  # noqa: E402
 from halfmq.client import (LocalTransactionState, Message, MessageQueue, Producer, PullConsumer,  # noqa: E402
                            TransactionProducer)
 from halfmq.client.route import DEFAULT_QUEUE_NUMS  # noqa: E402

@@ -190,3 +190,75 @@ def test_a_name_that_is_not_there_is_found(name):
         assert problem(name) is None and problem("nowhere/") is not None
     else:
         assert problem(name) is not None, name
+
+
+def imports(lazy: bool = True) -> dict[str, set[str]]:
+    """Each module of the packages → the modules of the packages it imports: at import time, and with ``lazy``
+    inside functions too; imports under ``if TYPE_CHECKING`` are for annotations and left out. Modules are dotted
+    paths from the repository root (``broker.server``)."""
+    modules = {}
+    for package in PACKAGES:
+        for path in (REPO / package).rglob("*.py"):
+            parts = list(path.relative_to(REPO).with_suffix("").parts)
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        skipped = {id(node) for block in ast.walk(tree) for node in ast.walk(block)
+                   if (isinstance(block, ast.If) and isinstance(block.test, ast.Name)
+                       and block.test.id == "TYPE_CHECKING")
+                   or (not lazy and isinstance(block, (ast.FunctionDef, ast.AsyncFunctionDef)))}
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        targets = set()
+        for node in ast.walk(tree):
+            if id(node) in skipped:
+                continue
+            if isinstance(node, ast.Import):
+                targets.update(alias.name.removeprefix("halfmq.") for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
+                else:
+                    base = (node.module or "").removeprefix("halfmq.")
+                subs = {f"{base}.{alias.name}" for alias in node.names} & modules.keys()
+                targets.update(subs)
+                if len(subs) < len(node.names):
+                    targets.add(base)
+        graph[name] = (targets & modules.keys()) - {name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[str]:
+    found: list[str] = []
+    done: set[str] = set()
+
+    def visit(module, path):
+        for target in sorted(graph[module]):
+            if target in path:
+                found.append(" → ".join(path[path.index(target):] + [target]))
+            elif target not in done:
+                visit(target, path + [target])
+        done.add(module)
+
+    for module in sorted(graph):
+        if module not in done:
+            visit(module, [module])
+    return sorted(set(found))
+
+
+def test_no_module_imports_itself_back_at_import_time():
+    found = cycles(imports(lazy=False))
+    assert not found, "import cycles:\n" + "\n".join(found)
+
+
+def test_the_command_line_and_the_cluster_command_do_not_import_each_other():
+    """Not even lazily: both take the event loop from broker/loop.py."""
+    graph = imports()
+    assert "broker.local_cluster" not in graph["broker.cli"] or "broker.cli" not in graph["broker.local_cluster"]
+    assert not [c for c in cycles(graph) if "broker.cli" in c.split(" → ")], cycles(graph)
+
+
+def test_only_the_command_line_builds_a_broker():
+    """broker/server.py is the composition root: what it builds (the name server, the services) never imports it."""
+    users = sorted(module for module, targets in imports().items() if "broker.server" in targets)
+    assert users == ["broker.cli"], users

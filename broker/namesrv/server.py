@@ -8,7 +8,7 @@ import logging
 
 from ..acl import AccessValidator, load_accounts
 from ..dispatch import Dispatcher
-from ..server import format_address, listen
+from ..listen import format_address, listen
 from ..services.periodic import PeriodicTask
 from ..transport import BrokerProtocol, ConnectionLimits, ConnectionSet
 from .config import NamesrvConfig
