@@ -1,5 +1,5 @@
 # halfmq broker image (remoting, name server, metrics, and gRPC for RocketMQ 5 clients): docker build -t halfmq .
-# (README.md's Docker section shows how to run it; tests/test_docker.py runs those commands)
+# (docs/operations.md's Docker section shows how to run it; tests/test_docker.py runs those commands)
 # BASE_IMAGE: any Debian-like image with python3 (>= 3.11, with venv) and useradd; tests/test_docker.py builds on
 # one it makes with debootstrap (scripts/make_base_image.sh), as no image registry is reachable there.
 ARG BASE_IMAGE=python:3.11-slim

@@ -7,7 +7,7 @@ admin account. With ACL off, admin requests are served to loopback peers only.
 
 What each request code needs is one table, ``RULES`` (code → the resources it touches and the permission each
 needs), built once below from the header classes' ``RESOURCES`` (so the key checked is the key the processor
-routes by) plus the body fields of HEART_BEAT and LOCK/UNLOCK_BATCH_MQ; README's table is ``rules_markdown()``.
+routes by) plus the body fields of HEART_BEAT and LOCK/UNLOCK_BATCH_MQ; docs/security.md's table is ``rules_markdown()``.
 It follows RocketMQ 4.x plain ACL and is stricter where that leaks:
 
 - a ``%RETRY%G``/``%DLQ%G`` topic is group G's: it needs SUB on G, whatever the code (no topic grant opens it);
@@ -246,7 +246,7 @@ def _perm_name(perm: int) -> str:
 
 
 def rules_markdown() -> str:
-    """The table README shows (a test keeps the two equal)."""
+    """The table docs/security.md shows (a test keeps the two equal)."""
     lines = ["| code | request | needs | note |", "|---|---|---|---|"]
     for rule in sorted(RULES.values(), key=lambda r: r.code):
         needs = "; ".join(f"{_perm_name(n.perm)} on the {n.kind} in {n.where}" for n in rule.needs)

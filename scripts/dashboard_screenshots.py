@@ -1,4 +1,4 @@
-"""Regenerates the dashboard screenshots in docs/screenshots/ (README.md shows them): a broker with its dashboard on
+"""Regenerates the dashboard screenshots in docs/screenshots/ (README.md and docs/dashboard.md show them): a broker with its dashboard on
 free loopback ports over a temporary store, some traffic (a topic with JSON messages, a consumer group reading it,
 pending transactions whose producer does not answer), then each main page in a headless Chromium.
 

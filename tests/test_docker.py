@@ -1,4 +1,4 @@
-"""The Docker image, built and run as README.md's "Docker" section says, under a private dockerd.
+"""The Docker image, built and run as the "Docker" section of docs/operations.md says, under a private dockerd.
 
 Every ``docker`` command of that section's bash blocks runs, in order, with the changes this machine needs:
 
@@ -49,7 +49,8 @@ from tests.support.cluster import until
 from tests.support.dockerd import CLIENT, Dockerd, missing_tools
 
 REPO = Path(__file__).resolve().parents[1]
-SECTION = "Docker"
+#: the page and the section whose commands this test runs
+PAGE, SECTION = "docs/operations.md", "Docker"
 BASE_IMAGE = "halfmq-test-base:bookworm"
 #: The port numbers the README's docker commands use; each becomes a free port.
 README_PORTS = ("9876", "10911", "5557")
@@ -59,7 +60,7 @@ HEALTH_TIMEOUT = 90
 def section_commands(readme: str, heading: str) -> list[list[str]]:
     """The ``docker`` commands of the bash blocks under ``## heading`` (up to the next ``## ``), as argv lists."""
     match = re.search(rf"^## {re.escape(heading)}\n(.*?)(?=^## |\Z)", readme, re.M | re.S)
-    assert match, f"README.md has no '## {heading}' section"
+    assert match, f"{PAGE} has no '## {heading}' section"
     commands = []
     for block in re.findall(r"^```bash\n(.*?)^```", match.group(1), re.M | re.S):
         for line in re.sub(r"\\\n\s*", "", block).splitlines():
@@ -191,7 +192,7 @@ def dockerd():
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="dockerd and debootstrap need root")
 def test_readme_docker_section_builds_runs_and_serves_on_another_port(dockerd):
-    readme_commands = section_commands((REPO / "README.md").read_text(), SECTION)
+    readme_commands = section_commands((REPO / PAGE).read_text(), SECTION)
     ports = dict(zip(README_PORTS, free_ports(len(README_PORTS))))
     container = option(readme_commands, "run", "--name")
     events = None
@@ -317,7 +318,7 @@ async def test_compose_file_runs_a_cluster_of_two_name_servers_and_two_brokers(d
     """docker-compose.yml's services, run from the image as ``docker run`` commands (Compose is not installed
     here): every container becomes healthy, each name server lists both brokers, sends from the host through the
     published name-server ports land on both brokers and are stored, and a stopped broker leaves the routes."""
-    image = ensure_image(dockerd, section_commands((REPO / "README.md").read_text(), SECTION))
+    image = ensure_image(dockerd, section_commands((REPO / PAGE).read_text(), SECTION))
     compose = compose_file({"HALFMQ_NET": dockerd.free_prefix()})
     published = [port.split(":")[1] for service in compose["services"].values() for port in service.get("ports", [])]
     ports = dict(zip(published, free_ports(len(published))))

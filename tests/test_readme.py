@@ -1,11 +1,12 @@
-"""Every fenced code block of README.md runs as written, against a live broker.
+"""Every fenced code block of README.md and of the pages of docs/ runs as written, against a live broker
+(docs/ARCHITECTURE.md aside: a map of the code, whose diagrams are text).
 
-How each kind of block runs (the README itself is never edited for the test):
+How each kind of block runs (the pages themselves are never edited for the test):
 
 - ```python: saved as a script in a temp folder and run there with ``.venv/bin/python``, NAMESRV_ADDR set to the
   test broker's name server. The examples read it (``os.environ.get("NAMESRV_ADDR", "127.0.0.1:9876")``), so they
   run unchanged against the default broker too; a block that writes an address in any other way is refused.
-  A block that uses Spark also runs with each invocation in SPARK_INVOCATIONS, which the README shows.
+  A block that uses Spark also runs with each invocation in SPARK_INVOCATIONS, which docs/spark.md shows.
 - ```bash / ```sh: command by command from the repository root. REWRITES points them at the test: the default
   name-server address becomes the test broker's and ``/tmp/`` a temp folder. A command that starts a broker
   (BROKER_START) runs for ever: it gets free loopback ports and a temp store (port flags rewritten, HALFMQ_ variables
@@ -17,8 +18,9 @@ How each kind of block runs (the README itself is never edited for the test):
 
 Every block runs as if typed into a fresh shell: PYSPARK_PYTHON, PYSPARK_DRIVER_PYTHON and VIRTUAL_ENV unset and
 ``.venv/bin`` off the PATH (an activated venv would hide a README that only works inside one). The whole file takes
-about 100 s on the 2-core machine, 95 of them in the three Spark runs (marked ``spark``): the Spark example with
-each invocation and the audit job.
+about 100 s on the 2-core machine, 95 of them in the three Spark runs (marked ``spark`` and ``slow``): the Spark
+example with each invocation and the audit job. Each block runs alone (the tests may run on several workers): the
+broker holds a message on Orders from the start.
 """
 from __future__ import annotations
 
@@ -42,6 +44,8 @@ from tests.support.broker_thread import BrokerThread
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+#: the pages whose blocks run: the README and docs/, but the map of the code
+DOCS = [README] + sorted(p for p in (REPO / "docs").glob("*.md") if p.name != "ARCHITECTURE.md")
 VENV_BIN = REPO / ".venv" / "bin"
 DEFAULT_NAMESRV = "127.0.0.1:9876"
 #: How the README's Python examples find the name server (and the only address a Python block may write).
@@ -73,17 +77,19 @@ class Block:
     text: str
     section: str
     line: int
+    page: str = "README.md"  #: the page, relative to the repository
 
     @property
     def name(self) -> str:
-        return f"{re.sub(r'[^a-z0-9]+', '-', self.section.lower()).strip('-')}-L{self.line}-{self.lang}"
+        section = re.sub(r'[^a-z0-9]+', '-', self.section.lower()).strip('-')
+        return f"{Path(self.page).stem}-{section}-L{self.line}-{self.lang}"
 
     @property
     def uses_spark(self) -> bool:
         return "pyspark" in self.text or "spark-submit" in self.text or "halfmq.pipeline.jobs" in self.text
 
 
-def readme_blocks(text: str) -> list[Block]:
+def readme_blocks(text: str, page: str = "README.md") -> list[Block]:
     """Fenced blocks (indented ones too, as in list items), with the heading they are under."""
     blocks, section, fence = [], "top", None
     for number, line in enumerate(text.splitlines(), 1):
@@ -93,15 +99,15 @@ def readme_blocks(text: str) -> list[Block]:
             elif match := re.match(r"(\s*)```\s*(\S*)\s*$", line):
                 fence, indent, lang, start, body = True, len(match.group(1)), match.group(2), number, []
         elif line.strip() == "```":
-            blocks.append(Block(lang, "".join(body), section, start))
+            blocks.append(Block(lang, "".join(body), section, start, page))
             fence = None
         else:
             body.append((line[indent:] if not line[:indent].strip() else line.lstrip()) + "\n")
-    assert fence is None, f"README.md: the block opened at line {start} is never closed"
+    assert fence is None, f"{page}: the block opened at line {start} is never closed"
     return blocks
 
 
-BLOCKS = readme_blocks(README.read_text())
+BLOCKS = [block for doc in DOCS for block in readme_blocks(doc.read_text(), str(doc.relative_to(REPO)))]
 
 
 def shell_commands(block: Block) -> list[str]:
@@ -238,7 +244,7 @@ async def run_shell(block: Block, namesrv: str, tmp_path: Path, monkeypatch) -> 
 
 
 def check_properties(block: Block) -> None:
-    build_config(parse_properties(block.text, f"README.md line {block.line}"))
+    build_config(parse_properties(block.text, f"{block.page} line {block.line}"))
 
 
 @pytest.mark.parametrize("block", [pytest.param(b, id=b.name, marks=[pytest.mark.spark, pytest.mark.slow] if b.uses_spark else [])
@@ -262,13 +268,13 @@ def test_python_blocks_find_the_name_server_through_namesrv_addr():
         assert not written, f"{block.name} writes {written}: read {NAMESRV_LOOKUP} instead"
 
 
-def test_every_skip_and_spark_invocation_is_in_the_readme():
+def test_every_skip_and_spark_invocation_is_in_the_docs():
     commands = [c for b in BLOCKS if b.lang in ("bash", "sh", "shell") for c in shell_commands(b)]
     for pattern in SKIPPED:
         assert any(re.search(pattern, c) for c in commands), f"SKIPPED has {pattern!r}, which no command matches"
-    text = README.read_text()
+    text = "".join(doc.read_text() for doc in DOCS)
     for invocation in SPARK_INVOCATIONS:
-        assert invocation in text, f"the README no longer shows {invocation!r}: update SPARK_INVOCATIONS"
+        assert invocation in text, f"the docs no longer show {invocation!r}: update SPARK_INVOCATIONS"
 
 
 async def test_database_transaction_example_runs(broker, tmp_path):

@@ -1,5 +1,5 @@
 """Access control per request code (broker/acl.RULES) against a real broker: a test per row of the table, the
-attacks that worked before it, and README's copy of the table."""
+attacks that worked before it, and docs/security.md's copy of the table."""
 from __future__ import annotations
 
 import json
@@ -166,9 +166,9 @@ async def test_every_code_served_has_exactly_one_rule(broker):
         assert sum(code in kind for kind in kinds) == 1, RequestCode(code).name
 
 
-def test_readme_shows_the_table_the_code_enforces():
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    assert rules_markdown() in readme
+def test_the_security_page_shows_the_table_the_code_enforces():
+    page = (Path(__file__).parents[2] / "docs" / "security.md").read_text()
+    assert rules_markdown() in page
 
 
 # --- the attacks -------------------------------------------------------------------------------------------------
