@@ -147,7 +147,10 @@ async def test_held_pull_expiry_is_not_quadratic():
         if woken == n:
             all_woken.set()
 
-    started = time.perf_counter()
+    # CPU time of this process, not the wall clock: the expiries are what is measured, and other processes (the
+    # suite's other workers, other suites on the machine) took the CPU from it for seconds at a time (5.8 s of wall
+    # clock at a load average of 14). Quadratic expiry would cost minutes of CPU here.
+    started = time.process_time()
     for i in range(n):  # deadlines from 1.5 s down to 0.5 s after now: the newest pull expires first
         pull = HeldPull("T", 0, 0, wake)  # the fourth field: the connection (before: the resume callback)
         service.hold(pull, 1.5 - i * 2e-5)
@@ -155,8 +158,8 @@ async def test_held_pull_expiry_is_not_quadratic():
         if future is not None:
             future.add_done_callback(wake)
     await asyncio.wait_for(all_woken.wait(), 10)
-    took = time.perf_counter() - started
-    assert took < 4.0, f"{n} expiries took {took:.1f} s"
+    took = time.process_time() - started
+    assert took < 4.0, f"{n} expiries took {took:.1f} s of CPU"
     assert service.count() == 0
 
 
