@@ -231,8 +231,13 @@ class Broker:
                         "clients on this host can reach", ctx.broker_addr)
 
     async def _find_leader(self) -> str | None:
-        """The replication address of this group's leader, as the name servers know it."""
-        return self.registrar.leader_ha_addr if self.registrar is not None else None
+        """The replication address of this group's leader, as the name servers know it (not known yet: a
+        registration now asks them again, rather than a period later)."""
+        if self.registrar is None:
+            return None
+        if self.registrar.leader_ha_addr is None:
+            self.registrar.topics_changed()
+        return self.registrar.leader_ha_addr
 
     async def _role_changed(self) -> None:
         """Took or handed over the leadership: the name servers hear of the new id at once."""

@@ -93,6 +93,7 @@ class GroupMember:
         elif self.enabled:
             self._follow()
         else:
+            self.ctx.metrics.load_pending()
             self.services.start()
 
     async def stop(self) -> None:

@@ -285,7 +285,7 @@ async def test_halves_survive_a_switchover_and_the_new_leader_checks_them_back(g
         # is refused (14) until the old leader follows and the in-sync set has two members again.
         await retry_until_sent(lambda: producer.send_message_in_transaction(
             Message("TxRepl", b"c-after", keys="c-after")))
-        await until(lambda: len(_bodies(brokers[1], "TxRepl")) == 11, 30,
+        await until(lambda: len(_bodies(brokers[1], "TxRepl")) == 11, 90,
                     "every half committed, the unknown ones by the new leader's check-back")
     bodies = _bodies(brokers[1], "TxRepl")
     assert bodies == sorted([f"c{i}".encode() for i in range(5)] + [f"u{i}".encode() for i in range(5)]
