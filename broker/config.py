@@ -234,6 +234,11 @@ class BrokerConfig:
         "answers and commands queued on a telemetry stream and not yet taken by its reader, bytes: above this the "
         "broker reads no more of the stream's commands, and queues no transaction check to it (the check is sent "
         "again later, to it or another producer)", default=4 << 20, meta={"min": 64 << 10})
+    grpcTelemetryMaxUnreadBytesTotal: int = _doc(
+        "answers and commands queued on every telemetry stream together and not yet taken by their readers, bytes: "
+        "above this no stream with answers of its own still untaken is read further or queued a transaction check, "
+        "until readers catch up (without it, grpcMaxClientIds sessions could each hold grpcTelemetryMaxUnreadBytes)",
+        default=64 << 20, meta={"min": 64 << 10})
 
     @property
     def advertised_ip(self) -> str:

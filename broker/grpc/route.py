@@ -315,5 +315,4 @@ class RouteService:
             # fails without one: it gets metrics on, exported here and discarded (server.py's metrics sink).
             reply.metric.on = True
             reply.metric.endpoints.CopyFrom(self.endpoints())
-        session.settings = reply
         return pb.TelemetryCommand(status=ok(), settings=reply)

@@ -16,7 +16,10 @@ identity but its address, so callers on one host (or behind one NAT) are not tol
 
 Bounds (broker/config.py): client ids per owner and in all; a stream's answers not yet taken by its reader
 (grpcTelemetryMaxUnreadBytes): above it the stream's next command is not read until the reader catches up, and
-no transaction check is queued to it (``send_request`` answers False; the scheduler sends the check again later).
+no transaction check is queued to it (``send_request`` answers False; the scheduler sends the check again later);
+the answers not yet taken on every stream together (grpcTelemetryMaxUnreadBytesTotal, ``UnreadTotal``): above it,
+the same for every stream with answers of its own still untaken, so sessions × grpcTelemetryMaxUnreadBytes is
+no longer what a broker may hold. A session keeps nothing of a client's settings but the topics it publishes.
 """
 from __future__ import annotations
 
@@ -63,15 +66,25 @@ def parse_transaction_id(text: str, broker: str) -> tuple[int, int] | None:
         return None
 
 
+class UnreadTotal:
+    """The answers queued on every telemetry stream and not yet taken by their readers, bytes, against
+    grpcTelemetryMaxUnreadBytesTotal."""
+
+    __slots__ = ("bytes", "limit")
+
+    def __init__(self, limit: int):
+        self.bytes, self.limit = 0, limit
+
+
 class ClientSession:
     def __init__(self, client_id: str, owner: str, remote: str, language: str, max_unread: int, max_body: int,
-                 broker: str):
+                 broker: str, total: UnreadTotal):
         self.client_id = client_id
         self.broker = broker  #: brokerName, which the transaction ids it is sent name
         self.owner = owner
         self.remote = peer_host(remote) if remote else ""  #: ip:port, as a remoting channel's (admin shows it)
         self.language = _LANGUAGES.get(language, LanguageCode.OTHER)
-        self.settings = None
+        self.total = total
         self.producer_topics: set[str] = set()
         #: set by the first heartbeat: the client runs. Clients send settings while they start, and the Python
         #: client drops a check that comes before it runs, so checks wait for this (as RocketMQ's proxy registers
@@ -99,8 +112,14 @@ class ClientSession:
 
     @property
     def full(self) -> bool:
-        """The stream's reader left more than max_unread bytes of answers untaken."""
-        return self._unread > self.max_unread
+        """The stream's reader left more than max_unread bytes of answers untaken, or some while every stream's
+        readers together left more than the broker's total."""
+        unread = self._unread
+        return unread > self.max_unread or (unread > 0 and self.total.bytes > self.total.limit)
+
+    def _set_unread(self, unread: int) -> None:
+        self.total.bytes += unread - self._unread
+        self._unread = unread
 
     def heard_since(self, when: float) -> bool:
         return self._last_heard > when
@@ -134,7 +153,7 @@ class ClientSession:
         if self._outbox is not None:
             self._outbox.put_nowait(None)
         self._outbox = asyncio.Queue()
-        self._unread = 0
+        self._set_unread(0)
         self._drained.set()
         return self._outbox
 
@@ -143,7 +162,7 @@ class ClientSession:
         if self._outbox is not outbox:
             return False
         self._outbox = None
-        self._unread = 0
+        self._set_unread(0)
         self._drained.set()
         return True
 
@@ -152,7 +171,7 @@ class ClientSession:
         if self._outbox is not None:
             self._outbox.put_nowait(None)
             self._outbox = None
-            self._unread = 0
+            self._set_unread(0)
             self._drained.set()
 
     def queue(self, outbox: asyncio.Queue, command) -> None:
@@ -161,7 +180,7 @@ class ClientSession:
         if outbox is not self._outbox:
             return
         size = command.ByteSize()
-        self._unread += size
+        self._set_unread(self._unread + size)
         if self.full:
             self._drained.clear()
         outbox.put_nowait((command, size))
@@ -169,13 +188,14 @@ class ClientSession:
     def written(self, outbox: asyncio.Queue, size: int) -> None:
         if outbox is not self._outbox:
             return
-        self._unread = max(0, self._unread - size)
+        self._set_unread(max(0, self._unread - size))
         if not self.full:
             self._drained.set()
 
     async def room(self, outbox: asyncio.Queue) -> None:
         """Wait until the reader of ``outbox``'s stream is within max_unread (or the stream is no longer live)."""
         while outbox is self._outbox and self.full:
+            self._drained.clear()  # full for the broker's total, it was set: its own reader's next take wakes it
             await self._drained.wait()
 
     def info(self) -> ClientInfo:
@@ -190,6 +210,7 @@ class Sessions:
         self.ctx = ctx
         self.by_client: dict[str, ClientSession] = {}
         self._per_owner: dict[str, int] = {}
+        self.unread = UnreadTotal(ctx.config.grpcTelemetryMaxUnreadBytesTotal)
 
     def get(self, client_id: ClientId, remote: str = "", language: str = "") -> ClientSession:
         """The caller's session, opened on its first call.
@@ -219,7 +240,7 @@ class Sessions:
         plain = str(client_id)
         session = self.by_client[plain] = ClientSession(plain, owner, remote, language,
                                                         cfg.grpcTelemetryMaxUnreadBytes, cfg.maxMessageSize,
-                                                        cfg.brokerName)
+                                                        cfg.brokerName, self.unread)
         self._per_owner[owner] = self._per_owner.get(owner, 0) + 1
         return session
 

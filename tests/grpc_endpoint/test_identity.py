@@ -302,7 +302,7 @@ def test_oversized_settings_are_refused(grpc_broker_factory, streams):
     answer = stream.next()
     assert answer.status.code == Code.PAYLOAD_TOO_LARGE and "1001" in answer.status.message
     session = grpc_broker.broker.grpc.sessions.by_client["big@1"]
-    assert session.settings is None and not session.producer_topics
+    assert not session.producer_topics
     stream.send(producer_settings(["Pay"]))  # the stream goes on
     assert stream.next().status.code == Code.OK
 
@@ -358,3 +358,32 @@ def test_replies_a_client_does_not_read_are_bounded(grpc_broker_factory, streams
     stream.start_reading()  # the broker reads the stream again as its replies are taken: nothing is lost
     versions = [stream.next().settings.user_agent.version for _ in range(200)]
     assert versions == [str(index) for index in range(200)]
+
+
+def test_replies_no_client_reads_are_bounded_for_the_whole_broker(grpc_broker_factory, streams):
+    """Each stream's unread replies were bounded, not all of them together: N sessions could hold N ×
+    grpcTelemetryMaxUnreadBytes (10,000 × 4 MiB). Above grpcTelemetryMaxUnreadBytesTotal no stream with replies of
+    its own untaken is read further: six deaf streams of 4.5 MB of replies each hold about the total, not six
+    times their own bound (12 MiB before), and every reply still arrives once they read."""
+    per_stream, total, reply_size, count = 2 << 20, 256 << 10, 100 << 10, 45
+    broker = grpc_broker_factory(grpcTelemetryMaxUnreadBytes=per_stream, grpcTelemetryMaxUnreadBytesTotal=total)
+    deaf = [streams(broker.endpoint, f"deaf{n}@1", read=False) for n in range(6)]
+    for stream in deaf:
+        for index in range(count):
+            command = producer_settings(["Pay"], user_agent_bytes=reply_size)
+            command.settings.user_agent.version = str(index)
+            stream.send(command)
+
+    def sessions():
+        return [broker.broker.grpc.sessions.by_client.get(f"deaf{n}@1") for n in range(6)]
+
+    def queued() -> int:
+        return sum(item[0].ByteSize() for session in sessions() if session is not None
+                   for item in list(getattr(session._outbox, "_queue", ())) if item)
+
+    wait_until(lambda: all(s is not None and s.full for s in sessions()) or queued() > 4 << 20, timeout=60)
+    assert queued() <= 4 << 20, queued()
+    for stream in deaf:
+        stream.start_reading()
+    for stream in deaf:
+        assert [stream.next().settings.user_agent.version for _ in range(count)] == [str(i) for i in range(count)]
