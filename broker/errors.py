@@ -44,6 +44,15 @@ class Failure(enum.Enum):
     #: a broker group cannot take a write here: this member follows (a RocketMQ slave's answer), or too few copies
     #: are in sync. Code 14, which producers retry elsewhere; never "stored on one copy" (10, 11, 12 read as sent)
     NOT_REPLICATED = (R.SERVICE_NOT_AVAILABLE, "HA_NOT_AVAILABLE")
+    #: the remoting door's own refusals, with the codes a RocketMQ 4.x broker answers them with
+    MESSAGE_MISSING = (R.SYSTEM_ERROR, "MESSAGE_NOT_FOUND")  #: no message at the offset a request names
+    NOT_ONLINE = (R.SYSTEM_ERROR, "NOT_FOUND")  #: a group with no producer or consumer connected
+    CONSUMERS_OFFLINE = (R.CONSUMER_NOT_ONLINE, "CONSUMER_GROUP_NOT_FOUND")
+    KEY_NOT_FOUND = (R.QUERY_NOT_FOUND, "MESSAGE_NOT_FOUND")  #: no message with the key looked up
+    OFFSET_NOT_FOUND = (R.QUERY_NOT_FOUND, "OFFSET_NOT_FOUND")  #: no committed offset of the group
+    UNSUPPORTED_FILTER = (R.SYSTEM_ERROR, "ILLEGAL_FILTER_EXPRESSION")  #: a filter type other than tags
+    NO_SUBSCRIPTION = (R.SUBSCRIPTION_NOT_EXIST, "BAD_REQUEST")  #: a pull of a topic the group did not subscribe to
+    STALE_SUBSCRIPTION = (R.SUBSCRIPTION_NOT_LATEST, "BAD_REQUEST")  #: a pull naming an older subscription
 
     def __init__(self, remoting: int, grpc: str):
         self.remoting = remoting

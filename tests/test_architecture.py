@@ -262,3 +262,18 @@ def test_only_the_command_line_builds_a_broker():
     """broker/server.py is the composition root: what it builds (the name server, the services) never imports it."""
     users = sorted(module for module, targets in imports().items() if "broker.server" in targets)
     assert users == ["broker.cli"], users
+
+
+def test_adapters_refuse_through_the_error_table():
+    """The remoting and gRPC adapters raise ``BrokerError(Failure.X, ...)``: each refusal is a row of the one
+    error table (broker/errors.py), never a response code picked where it is raised."""
+    raw = []
+    for folder in ("broker/processors", "broker/grpc"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "BrokerError"
+                        and node.args and not (isinstance(node.args[0], ast.Attribute)
+                                               and isinstance(node.args[0].value, ast.Name)
+                                               and node.args[0].value.id == "Failure")):
+                    raw.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not raw, "refusals with a raw code:\n" + "\n".join(raw)

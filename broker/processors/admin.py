@@ -14,7 +14,7 @@ from halfmq.protocol.message import decode_record
 from halfmq.protocol.rules import MAX_QUEUES
 
 from ..context import BrokerContext
-from ..errors import BrokerError
+from ..errors import BrokerError, Failure
 from ..names import DLQ_PREFIX, RETRY_PREFIX, check_group, validate_topic_name
 from ..topics import HALF_TOPIC, SYSTEM_TOPICS, TopicConfig, apply_attributes
 
@@ -42,14 +42,14 @@ class AdminProcessor:
         h = CreateTopicRequestHeader.from_ext(cmd.ext_fields)
         validate_topic_name(h.topic)
         if h.topic in SYSTEM_TOPICS:
-            raise BrokerError(ResponseCode.SYSTEM_ERROR, f"The topic[{h.topic}] is conflict with system topic.")
+            raise BrokerError(Failure.ILLEGAL_TOPIC, f"The topic[{h.topic}] is conflict with system topic.")
         for name, value in (("readQueueNums", h.readQueueNums), ("writeQueueNums", h.writeQueueNums)):
             if not 1 <= value <= MAX_QUEUES:
-                raise BrokerError(ResponseCode.SYSTEM_ERROR, f"{name} {value} is outside 1..{MAX_QUEUES}")
+                raise BrokerError(Failure.BAD_REQUEST, f"{name} {value} is outside 1..{MAX_QUEUES}")
         if not 0 <= h.perm <= (Perm.PRIORITY | Perm.READ | Perm.WRITE | Perm.INHERIT):
-            raise BrokerError(ResponseCode.SYSTEM_ERROR, f"perm {h.perm} is not a permission mask")
+            raise BrokerError(Failure.BAD_REQUEST, f"perm {h.perm} is not a permission mask")
         if h.topicFilterType not in ("SINGLE_TAG", "MULTI_TAG"):
-            raise BrokerError(ResponseCode.SYSTEM_ERROR, f"topicFilterType {h.topicFilterType!r} is unknown")
+            raise BrokerError(Failure.BAD_REQUEST, f"topicFilterType {h.topicFilterType!r} is unknown")
         current = self.ctx.topics.get(h.topic)
         kind = apply_attributes(h.attributes, current.message_type if current is not None else None)
         await self.ctx.topics.put(TopicConfig(h.topic, h.readQueueNums, h.writeQueueNums, h.perm,
@@ -59,7 +59,7 @@ class AdminProcessor:
     async def delete_topic(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         topic = TopicRequestHeader.from_ext(cmd.ext_fields).topic
         if not await self.ctx.topics.delete(topic):
-            raise BrokerError(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist")
+            raise BrokerError(Failure.TOPIC_NOT_FOUND, f"topic[{topic}] not exist")
         self.ctx.offsets.forget_topic(topic)
         self.ctx.retention.kick()  # its messages go in the background, in slices
         return cmd.response(ResponseCode.SUCCESS)
@@ -82,7 +82,7 @@ class AdminProcessor:
         # A half message is not a message of its real topic until it is committed: never show it here.
         topic = decode_record(raw).topic if raw is not None else None
         if topic is None or topic == HALF_TOPIC:
-            raise BrokerError(ResponseCode.SYSTEM_ERROR, f"can not find message by the offset, {offset}")
+            raise BrokerError(Failure.MESSAGE_MISSING, f"can not find message by the offset, {offset}")
         self.ctx.acl.check_record(channel, cmd, topic)
         return cmd.response(ResponseCode.SUCCESS, body=raw)
 
@@ -94,11 +94,11 @@ class AdminProcessor:
         except ValueError:
             config = None
         if not isinstance(config, dict):
-            raise BrokerError(ResponseCode.SYSTEM_ERROR, "the body is not a SubscriptionGroupConfig JSON object")
+            raise BrokerError(Failure.BAD_REQUEST, "the body is not a SubscriptionGroupConfig JSON object")
         group = check_group(config.get("groupName"), "groupName")
         for name, default in SUBSCRIPTION_GROUP_DEFAULTS.items():
             if name in config and config[name] != default:
-                raise BrokerError(ResponseCode.SYSTEM_ERROR,
+                raise BrokerError(Failure.BAD_REQUEST,
                                   f"{name}={json.dumps(config[name])} is not supported: halfmq keeps no per-group "
                                   f"settings (only the default, {json.dumps(default)})")
         if self.ctx.topics.get(RETRY_PREFIX + group) is None:
@@ -111,10 +111,10 @@ class AdminProcessor:
         h = DeleteSubscriptionGroupRequestHeader.from_ext(cmd.ext_fields)
         group = check_group(h.groupName, "groupName")
         if h.removeOffset:
-            raise BrokerError(ResponseCode.SYSTEM_ERROR, "removeOffset=true is not supported: offsets are kept")
+            raise BrokerError(Failure.BAD_REQUEST, "removeOffset=true is not supported: offsets are kept")
         deleted = [await self.ctx.topics.delete(prefix + group) for prefix in (RETRY_PREFIX, DLQ_PREFIX)]
         if not any(deleted):
-            raise BrokerError(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, f"subscription group[{group}] not exist")
+            raise BrokerError(Failure.GROUP_NOT_FOUND, f"subscription group[{group}] not exist")
         return cmd.response(ResponseCode.SUCCESS)
 
     def broker_config(self, channel, cmd: RemotingCommand) -> RemotingCommand:

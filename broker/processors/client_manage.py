@@ -9,7 +9,7 @@ from halfmq.protocol.command import RemotingCommand
 from halfmq.protocol.headers import GroupRequestHeader, UnregisterClientRequestHeader
 
 from ..context import BrokerContext
-from ..errors import BrokerError
+from ..errors import BrokerError, Failure
 from ..names import check_client_id, check_group, check_topic
 from ..services.clients import ClientInfo, parse_subscription
 
@@ -20,18 +20,18 @@ def parse_json_body(cmd: RemotingCommand) -> dict:
     try:
         data = json.loads(cmd.body or b"{}")
     except (UnicodeDecodeError, ValueError) as exc:
-        raise BrokerError(ResponseCode.SYSTEM_ERROR, f"the request body is not valid JSON: {exc}") from None
+        raise BrokerError(Failure.BAD_REQUEST, f"the request body is not valid JSON: {exc}") from None
     except RecursionError:
-        raise BrokerError(ResponseCode.SYSTEM_ERROR, "the request body is JSON nested too deeply") from None
+        raise BrokerError(Failure.BAD_REQUEST, "the request body is JSON nested too deeply") from None
     if not isinstance(data, dict):
-        raise BrokerError(ResponseCode.SYSTEM_ERROR, "the request body is not a JSON object")
+        raise BrokerError(Failure.BAD_REQUEST, "the request body is not a JSON object")
     return data
 
 
 def _list_of_dicts(data: dict, key: str) -> list[dict]:
     value = data.get(key) or []
     if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
-        raise BrokerError(ResponseCode.SYSTEM_ERROR, f"{key} must be a list of objects")
+        raise BrokerError(Failure.BAD_REQUEST, f"{key} must be a list of objects")
     return value
 
 
@@ -62,7 +62,7 @@ class ClientManageProcessor:
                 try:
                     version = int(sub.get("subVersion") or 0)
                 except (TypeError, ValueError):
-                    raise BrokerError(ResponseCode.SYSTEM_ERROR, "subVersion is not an integer") from None
+                    raise BrokerError(Failure.BAD_REQUEST, "subVersion is not an integer") from None
                 subs.append(parse_subscription(topic, sub.get("subString"), version, sub.get("expressionType")))
             consumers.append((group, item, subs))
         producers = [check_group(item.get("groupName"), "producerDataSet.groupName")
@@ -99,7 +99,7 @@ class ClientManageProcessor:
         h = GroupRequestHeader.from_ext(cmd.ext_fields)
         ids = self.ctx.consumers.client_ids(h.consumerGroup)
         if not ids:
-            raise BrokerError(ResponseCode.SYSTEM_ERROR, f"no consumer for this group, {h.consumerGroup}")
+            raise BrokerError(Failure.NOT_ONLINE, f"no consumer for this group, {h.consumerGroup}")
         return cmd.response(ResponseCode.SUCCESS, body=json.dumps({"consumerIdList": ids}).encode())
 
     def _mq_request(self, channel, cmd: RemotingCommand) -> tuple[str, str, list[dict]]:
@@ -110,11 +110,11 @@ class ClientManageProcessor:
         for mq in mqs:
             check_topic(mq.get("topic"), "mqSet.topic")
             if not isinstance(mq.get("queueId"), int):
-                raise BrokerError(ResponseCode.SYSTEM_ERROR, "each mqSet entry needs a topic and a queueId")
+                raise BrokerError(Failure.BAD_REQUEST, "each mqSet entry needs a topic and a queueId")
         # A lock is held for a client id, and the body names it: only the id this connection's own heartbeat
         # registered may be used, or one client could take or release another's queues (orderly consumption).
         if client_id != channel.client_id:
-            raise BrokerError(ResponseCode.NO_PERMISSION,
+            raise BrokerError(Failure.FORBIDDEN,
                               f"clientId {client_id} is not the client of this connection "
                               f"({channel.client_id or 'no heartbeat yet'}): queues are locked for oneself only")
         return group, client_id, mqs
@@ -143,6 +143,6 @@ class ClientManageProcessor:
         data = parse_json_body(cmd)
         expression_type = data.get("expressionType") or "TAG"
         if expression_type != "TAG":
-            raise BrokerError(ResponseCode.SYSTEM_ERROR,
+            raise BrokerError(Failure.UNSUPPORTED_FILTER,
                               f"The broker does not support consumer to filter message by {expression_type}")
         return cmd.response(ResponseCode.SUCCESS)

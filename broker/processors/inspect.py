@@ -21,7 +21,7 @@ from halfmq.protocol.message import create_offset_msg_id, decode_record
 from halfmq.transactions import HalfStatus
 
 from ..context import BrokerContext, now_ms
-from ..errors import BrokerError
+from ..errors import BrokerError, Failure
 from ..names import DLQ_PREFIX, GRPC_GROUP_PREFIX, RETRY_PREFIX, check_group, check_message_key, check_topic
 from ..topics import SYSTEM_TOPICS, TopicConfig
 
@@ -73,7 +73,7 @@ class InspectProcessor:
         records = [raw for raw in self.ctx.store.messages_by_key(h.topic, h.key, max(1, min(h.maxNum, 64)))
                    if decode_record(raw).topic == h.topic]
         if not records:
-            raise BrokerError(ResponseCode.QUERY_NOT_FOUND, f"no message of topic {h.topic} with key {h.key}")
+            raise BrokerError(Failure.KEY_NOT_FOUND, f"no message of topic {h.topic} with key {h.key}")
         return cmd.response(ResponseCode.SUCCESS, ext_fields={"indexLastUpdateTimestamp": str(now_ms()),
                                                               "indexLastUpdatePhyoffset": "0"},
                             body=b"".join(records))
@@ -111,14 +111,14 @@ class InspectProcessor:
         group = check_group(ConnectionListRequestHeader.from_ext(cmd.ext_fields).producerGroup, "producerGroup")
         infos = self.ctx.producers.groups.get(group, {}).values()
         if not infos:
-            raise BrokerError(ResponseCode.SYSTEM_ERROR, f"the producer group[{group}] not online")
+            raise BrokerError(Failure.NOT_ONLINE, f"the producer group[{group}] not online")
         return _json(cmd, {"connectionSet": [self._connection(i) for i in infos]})
 
     def consumer_connections(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         group = check_group(ConnectionListRequestHeader.from_ext(cmd.ext_fields).consumerGroup, "consumerGroup")
         entry = self.ctx.consumers.groups.get(group)
         if entry is None:
-            raise BrokerError(ResponseCode.CONSUMER_NOT_ONLINE, f"the consumer group[{group}] not online")
+            raise BrokerError(Failure.CONSUMERS_OFFLINE, f"the consumer group[{group}] not online")
         return _json(cmd, {"connectionSet": [self._connection(i) for i in entry.channels.values()],
                            "subscriptionTable": {t: {"topic": t, "subString": s.expression}
                                                  for t, s in entry.subscriptions.items()},
@@ -168,7 +168,7 @@ class InspectProcessor:
         names.update(online)
         page, total, after = _group_page(names, h)
         if h.group is not None and not page:
-            raise BrokerError(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, f"subscription group[{h.group}] not exist")
+            raise BrokerError(Failure.GROUP_NOT_FOUND, f"subscription group[{h.group}] not exist")
         wanted = set(page)
         offset_topics: dict[str, set[str]] = {}
         for group, topic, _queue in ctx.offsets.table:  # one pass for the page, not one per group
@@ -196,7 +196,7 @@ class InspectProcessor:
         groups = self.ctx.producers.groups
         page, total, after = _group_page(groups, h)
         if h.group is not None and not page:
-            raise BrokerError(ResponseCode.SYSTEM_ERROR, f"the producer group[{h.group}] not online")
+            raise BrokerError(Failure.NOT_ONLINE, f"the producer group[{h.group}] not online")
         rows = []
         for group in page:
             grpc = group.startswith(GRPC_GROUP_PREFIX)
@@ -275,11 +275,11 @@ class InspectProcessor:
         if h.topic is not None:
             config = topics.get(h.topic)
             if config is None:
-                raise BrokerError(ResponseCode.TOPIC_NOT_EXIST, f"topic[{h.topic}] not exist")
+                raise BrokerError(Failure.TOPIC_NOT_FOUND, f"topic[{h.topic}] not exist")
             return _json(cmd, {"topics": [self._topic_row(config, last_store=True)], "total": 1, "next": None})
         kinds = set(TOPIC_KINDS) if not h.kinds else {k.strip().upper() for k in h.kinds.split(",")}
         if not kinds <= set(TOPIC_KINDS):
-            raise BrokerError(ResponseCode.SYSTEM_ERROR, f"kinds {h.kinds!r} are not among {', '.join(TOPIC_KINDS)}")
+            raise BrokerError(Failure.BAD_REQUEST, f"kinds {h.kinds!r} are not among {', '.join(TOPIC_KINDS)}")
         limit = _page_limit(h.limit)
         contains = h.contains or ""
         matching = [name for name in topics if contains in name and topic_kind(name) in kinds]
@@ -331,7 +331,7 @@ def topic_kind(name: str) -> str:
 def _order(text: str | None, default: str, keys: tuple[str, ...]) -> str:
     order = text or default
     if order.lstrip("-") not in keys or order.startswith("--"):
-        raise BrokerError(ResponseCode.SYSTEM_ERROR, f"order {order!r} is not one of "
+        raise BrokerError(Failure.BAD_REQUEST, f"order {order!r} is not one of "
                           + ", ".join(f"{k}, -{k}" for k in keys))
     return order
 
@@ -342,7 +342,7 @@ def _status(text: str | None) -> HalfStatus | None:
     try:
         return HalfStatus(text)
     except ValueError:
-        raise BrokerError(ResponseCode.SYSTEM_ERROR, f"state {text!r} is not one of "
+        raise BrokerError(Failure.BAD_REQUEST, f"state {text!r} is not one of "
                           + ", ".join(s.value for s in HalfStatus)) from None
 
 
@@ -369,7 +369,7 @@ def _page_limit(limit: int | None) -> int:
     if limit is None or limit == 0:
         return MAX_PAGE
     if limit < 0:
-        raise BrokerError(ResponseCode.SYSTEM_ERROR, f"limit {limit} is negative")
+        raise BrokerError(Failure.BAD_REQUEST, f"limit {limit} is negative")
     return min(limit, MAX_PAGE)
 
 
@@ -380,7 +380,7 @@ def _cursor(text: str | None, parts: int) -> tuple[int, ...] | None:
     fields = text.split(":")
     if len(fields) != parts or not all(f.isdecimal() and len(f) <= 20 for f in fields) \
             or not all(int(f) < 2 ** 64 for f in fields):
-        raise BrokerError(ResponseCode.SYSTEM_ERROR, f"after {text!r} is not a cursor this request gave")
+        raise BrokerError(Failure.BAD_REQUEST, f"after {text!r} is not a cursor this request gave")
     return tuple(int(f) for f in fields)
 
 

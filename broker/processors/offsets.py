@@ -9,7 +9,7 @@ from halfmq.protocol.headers import (QueryConsumerOffsetRequestHeader, QueueRequ
                                      SearchOffsetRequestHeader, UpdateConsumerOffsetRequestHeader)
 
 from ..context import BrokerContext
-from ..errors import BrokerError
+from ..errors import BrokerError, Failure
 from ..messaging.consumer import ConsumerService
 from ..names import check_group, check_topic
 
@@ -43,7 +43,7 @@ class OffsetProcessor:
                                             from_queue_start=h.setZeroIfNotFound is not False)
         if offset is not None:
             return cmd.response(ResponseCode.SUCCESS, ext_fields={"offset": str(offset)})
-        raise BrokerError(ResponseCode.QUERY_NOT_FOUND,
+        raise BrokerError(Failure.OFFSET_NOT_FOUND,
                           "Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first")
 
     def update_consumer_offset(self, channel, cmd: RemotingCommand):
@@ -77,7 +77,7 @@ class OffsetProcessor:
         h = SearchOffsetRequestHeader.from_ext(cmd.ext_fields)
         boundary = (h.boundaryType or "lower").lower()
         if boundary not in ("lower", "upper"):
-            raise BrokerError(ResponseCode.SYSTEM_ERROR, f"boundaryType {h.boundaryType!r} is not lower or upper")
+            raise BrokerError(Failure.BAD_REQUEST, f"boundaryType {h.boundaryType!r} is not lower or upper")
         offset = self.ctx.store.offset_for_timestamp(h.topic, h.queueId, h.timestamp, boundary)
         return cmd.response(ResponseCode.SUCCESS, ext_fields={"offset": str(offset)})
 

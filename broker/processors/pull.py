@@ -13,7 +13,7 @@ from halfmq.protocol.headers import PullMessageRequestHeader
 
 from ..context import BrokerContext
 from ..dispatch import Deferred
-from ..errors import BrokerError
+from ..errors import BrokerError, Failure
 from ..messaging.consumer import ConsumerService
 from ..names import check_group, check_topic
 from ..services.clients import parse_subscription
@@ -48,16 +48,16 @@ class PullProcessor:
     def _filter(self, header: PullMessageRequestHeader):
         if header.sysFlag & PullSysFlag.SUBSCRIPTION:
             if (header.expressionType or "TAG") != "TAG":
-                raise BrokerError(ResponseCode.SYSTEM_ERROR,
+                raise BrokerError(Failure.UNSUPPORTED_FILTER,
                                   "The broker does not support consumer to filter message by "
                                   f"{header.expressionType}")
             return parse_subscription(header.topic, header.subscription).tag_codes
         sub = self.ctx.consumers.subscription(header.consumerGroup, header.topic)
         if sub is None:
-            raise BrokerError(ResponseCode.SUBSCRIPTION_NOT_EXIST,
+            raise BrokerError(Failure.NO_SUBSCRIPTION,
                               f"the consumer's subscription not exist, group: {header.consumerGroup}")
         if sub.sub_version < header.subVersion:
-            raise BrokerError(ResponseCode.SUBSCRIPTION_NOT_LATEST, "the consumer's subscription not latest")
+            raise BrokerError(Failure.STALE_SUBSCRIPTION, "the consumer's subscription not latest")
         return sub.tag_codes
 
     def process(self, channel, cmd: RemotingCommand, header: PullMessageRequestHeader,

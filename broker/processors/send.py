@@ -242,7 +242,7 @@ class SendProcessor:
         ctx = self.ctx
         raw = ctx.store.read_record(header.offset) if header.offset >= 0 else None
         if raw is None:
-            raise BrokerError(ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {header.offset}")
+            raise BrokerError(Failure.MESSAGE_MISSING, f"look message by offset failed, {header.offset}")
         rec = decode_record(raw)
         ctx.acl.check_record(channel, cmd, rec.topic)
         _check_consumable(rec, header.offset)
@@ -274,7 +274,7 @@ def _check_consumable(rec: MessageRecord, offset: int) -> None:
     """
     tx_type = rec.sys_flag & SysFlag.TRANSACTION_MASK
     if rec.topic in SYSTEM_TOPICS or tx_type not in (SysFlag.TRANSACTION_NOT_TYPE, SysFlag.TRANSACTION_COMMIT_TYPE):
-        raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
+        raise BrokerError(Failure.BAD_MESSAGE,
                           f"the record at offset {offset} is not a consumable message: only committed messages of a "
                           f"user topic can be sent back")
 
