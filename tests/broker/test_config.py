@@ -191,3 +191,17 @@ async def test_failed_start_stops_what_it_started(tmp_path):
     again = Broker(broker_config(tmp_path / "store"))
     await again.start()  # the failed start released the store
     await again.stop()
+
+
+def test_the_configuration_reference_is_generated_from_the_tables():
+    """A key added to BrokerConfig or NamesrvConfig goes into conf/broker.conf (the test above) and into
+    docs/configuration-reference.md, which scripts/config_reference.py writes from the tables."""
+    assert "scripts/config_reference.py" in (ROOT / "docs" / "configuration.md").read_text()
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("config_reference", ROOT / "scripts" / "config_reference.py")
+    reference = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reference)
+    assert reference.PAGE.read_text() == reference.page(), (
+        "docs/configuration-reference.md differs from the configuration tables: run "
+        ".venv/bin/python scripts/config_reference.py")
