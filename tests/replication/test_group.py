@@ -16,6 +16,7 @@ from halfmq.protocol.codes import RequestCode, ResponseCode
 from halfmq.protocol.command import RemotingCommand
 from halfmq.protocol.message import decode_record
 
+pytestmark = pytest.mark.slow  # brokers of a group, each with its writer process, started and stopped per test
 TOPIC = "Replicated"
 
 
