@@ -13,27 +13,10 @@ from halfmq.client import (LocalTransactionState, Message, Producer, PullConsume
 from halfmq.client.remoting import Connection
 from halfmq.protocol.codes import RequestCode, ResponseCode
 
-from tests.support.cluster import BrokerGroup
+from tests.support.cluster import BrokerGroup, until
 
 pytestmark = pytest.mark.slow
 TOPIC = "GroupFaults"
-
-
-async def until(check, timeout: float, what: str):
-    """Polls the coroutine function ``check`` until it returns a true value: the members are other processes,
-    which send this test no event."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    last = None
-    while loop.time() < deadline:
-        try:
-            last = await check()
-        except Exception as exc:  # noqa: BLE001 - a member not answering yet; retried until the deadline
-            last = exc
-        if last and not isinstance(last, Exception):
-            return last
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for: {what} (last: {last!r})")
 
 
 async def request(addr: str, code: int, **ext) -> dict:
