@@ -39,6 +39,8 @@ RING_BYTES = 256 << 20        #: recent records kept for followers that are behi
 MEMBERS_KEY = "repl.members"  #: meta: the ids of the followers that were ever in sync
 HIGH_WATER = 8 << 20          #: bytes queued to a follower's socket before records wait for its acknowledgements
 SHRINK_RETRY_S = 0.5          #: between attempts to remove a member from etcd's in-sync set
+MAX_FOLLOWERS = 15            #: followers one leader serves at once (a bound on what strangers can make it keep)
+MAX_SNAPSHOTS = 1             #: snapshots taken at once: each is a copy of the whole store on disk
 
 
 @dataclass
@@ -212,6 +214,9 @@ class ReplicationLeader:
                    f"({self.epoch}, {self.local}): restart it as brokerId 0 and this broker as a follower")
             log.error("refused a follower: %s", why)
             raise ReplicationError(why)
+        if broker_id not in self.sessions and len(self.sessions) >= MAX_FOLLOWERS:
+            raise ReplicationError(f"this leader already serves {len(self.sessions)} followers (at most "
+                                   f"{MAX_FOLLOWERS})")
         old = self.sessions.get(broker_id)
         if old is not None and old.channel is not channel:
             log.info("follower %d (%s) connected again; its earlier link is closed", broker_id, addr)
@@ -229,6 +234,11 @@ class ReplicationLeader:
             asyncio.get_running_loop().call_soon(self._pump, session)
             answer = {"from": str(seq + 1)}
         else:
+            taking = sum(1 for s in self.sessions.values() if s is not session and not s.streaming)
+            if taking >= MAX_SNAPSHOTS:
+                # A store copy each: one at a time, whoever asks (the follower asks again after a pause).
+                del self.sessions[broker_id]
+                raise ReplicationError(f"another follower's snapshot is being sent; follow again later")
             log.info("follower %d (%s) at (%d, %d) gets a snapshot first", broker_id, addr, epoch, seq)
             session.acked = 0
             session.snapshot_size = -1  # being taken

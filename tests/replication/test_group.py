@@ -417,3 +417,31 @@ async def test_halfmq_admin_shows_the_members_and_switches_the_leader(group, nam
     await until(lambda: _status(brokers[1])["role"] == "leader", 20, "the follower leads")
     code, out = await admin("switchLeader", "-b", "g", "--to", "7")
     assert code != 0 and "not connected" in out, out
+
+
+async def test_a_leader_serves_a_bounded_number_of_followers_and_one_snapshot_at_a_time(group, namesrv):
+    from halfmq.broker.replication.leader import MAX_FOLLOWERS
+
+    brokers = await group(1)
+    async with Producer("PG_BOUND", namesrv.addr) as producer:
+        await producer.send(Message(TOPIC, b"x"))
+
+    async def follow(leader, count: int) -> list:
+        conns = [await Connection.open(leader.ha_addr) for _ in range(count)]
+        try:
+            return [await conn.request(RequestCode.HALFMQ_REPL_FOLLOW, {
+                "clusterName": "DefaultCluster", "brokerName": "g", "brokerId": str(i + 1), "epoch": "0",
+                "seq": "0"}, timeout=10) for i, conn in enumerate(conns)]
+        finally:
+            for conn in conns:
+                await conn.close()
+
+    answers = await follow(brokers[0], MAX_FOLLOWERS + 1)  # every record is still kept: streams, no snapshot
+    assert [a.code for a in answers[:-1]] == [ResponseCode.SUCCESS] * MAX_FOLLOWERS
+    assert answers[-1].code == ResponseCode.SERVICE_NOT_AVAILABLE and "followers" in answers[-1].remark
+    await until(lambda: not brokers[0].member.leader.sessions, 10, "the closed links forgotten")
+    await brokers[0].stop()  # a restarted leader keeps no records in memory: whoever follows needs a snapshot
+    brokers[0] = leader = await group.member(0)
+    first, second = await follow(leader, 2)
+    assert first.code == ResponseCode.SUCCESS and "snapshot" in first.ext_fields
+    assert second.code == ResponseCode.SERVICE_NOT_AVAILABLE and "snapshot" in second.remark
