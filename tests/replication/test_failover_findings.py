@@ -42,8 +42,9 @@ pytestmark = pytest.mark.slow
 TOPIC = "Rejoin"
 
 
-@pytest.mark.xfail(strict=True, reason="bug: ReplicationLeader.stop clears the gate of the follower that replaced it "
-                                       "(step_down and follow race); remove this mark with the fix")
+@pytest.mark.xfail(strict=False, reason="bug: ReplicationLeader.stop clears the gate of the follower that replaced it "
+                                        "(step_down and follow race: failed 2 of 3 runs here); remove this mark with "
+                                        "the fix")
 async def test_a_leader_paused_past_its_lease_under_load_rejoins_the_in_sync_set(tmp_path, etcd):
     group = await ElectedGroup(tmp_path, etcd).start()
     stop = asyncio.Event()
