@@ -12,7 +12,7 @@ from halfmq.protocol.headers import (ConsumerSendMsgBackRequestHeader, GroupRequ
                                      UpdateConsumerOffsetRequestHeader)
 from halfmq.protocol.message import decode_records
 
-from .errors import ConnectionClosedError, error_for
+from .errors import ConnectionClosedError, RequestTimeoutError, error_for
 from .instance import ClientInstance
 from .message import MessageExt, MessageQueue
 from .remoting import Credentials
@@ -87,9 +87,9 @@ class PullConsumer:
             conn = await self._conn(queue)
             return await conn.request(code, {k: str(v) for k, v in ext.items()}, body,
                                       timeout or self.request_timeout)
-        except ConnectionClosedError:
-            # The broker is gone (a broker group's leader, say): the next request asks the name servers again,
-            # whose route then names a member that is there.
+        except (ConnectionClosedError, RequestTimeoutError):
+            # The broker is gone or hangs (a broker group's leader, say): the next request asks the name servers
+            # again, whose route then names a member that answers.
             self.instance.routes.invalidate(queue.topic)
             raise
 

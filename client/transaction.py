@@ -81,7 +81,6 @@ class TransactionProducer(Producer):
         self.listener = listener
         self.instance.handlers[RequestCode.CHECK_TRANSACTION_STATE] = self._on_check
         self._check_tasks: set[asyncio.Task] = set()
-        self._connections: dict[str, Connection] = {}  # broker name → connection, for END_TRANSACTION
 
     async def start(self) -> None:
         """Start and register the group with every broker, so checks can reach this producer at once."""
@@ -143,12 +142,13 @@ class TransactionProducer(Producer):
                                 code=RequestCode.SEND_BATCH_MESSAGE, body=body, batch=True)
 
     async def _broker_connection(self, queue: MessageQueue) -> Connection:
-        conn = self._connections.get(queue.broker_name)
-        if conn is None or not conn.is_open:
-            route = await self.instance.routes.get(queue.topic, self.auto_create)
-            conn = await self.instance.pool.get(route.addr_of(queue.broker_name))
-            self._connections[queue.broker_name] = conn
-        return conn
+        """The connection to the broker that leads ``queue``'s broker group now, as the route says: after a
+        failover, decisions go to the new leader once the route was asked again (a failed send asks at once), not
+        to the one the half was sent to, which refuses them as a follower."""
+        instance = self.instance
+        route = instance.routes.cached(queue.topic) or await instance.routes.get(queue.topic, self.auto_create)
+        addr = route.addr_of(queue.broker_name)
+        return instance.pool.open_connection(addr) or await instance.pool.get(addr)
 
     def _end_header(self, queue_offset: int, offset_msg_id: str, msg_id: str, transaction_id: str | None,
                     state: LocalTransactionState) -> dict[str, str]:
@@ -179,9 +179,14 @@ class TransactionProducer(Producer):
         """
         if state is LocalTransactionState.UNKNOW:
             raise ValueError("decide() takes COMMIT_MESSAGE or ROLLBACK_MESSAGE")
+        header = self._end_header(queue_offset, offset_msg_id, msg_id, transaction_id, state)
         conn = await self._broker_connection(queue)
-        resp = await conn.request(RequestCode.END_TRANSACTION, self._end_header(
-            queue_offset, offset_msg_id, msg_id, transaction_id, state), timeout=self.send_timeout)
+        resp = await conn.request(RequestCode.END_TRANSACTION, header, timeout=self.send_timeout)
+        if resp.code == ResponseCode.SERVICE_NOT_AVAILABLE:
+            # Its broker group changed leaders (or is between two): ask the name servers, and decide there once.
+            self.instance.routes.invalidate(queue.topic)
+            conn = await self._broker_connection(queue)
+            resp = await conn.request(RequestCode.END_TRANSACTION, header, timeout=self.send_timeout)
         if resp.code != ResponseCode.SUCCESS:
             raise error_for(resp.code, resp.remark)
 

@@ -93,6 +93,8 @@ class ReplicationFollower:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="replication-follower")
 
     async def stop(self) -> None:
+        """Stop following. Records durable here and held for the leader's word are published first: this store
+        holds them, whatever role the member takes next (the member puts that role's gate in place)."""
         self._stopping = True
         if self._proto is not None and self._proto.transport is not None:
             self._proto.transport.close()
@@ -100,11 +102,8 @@ class ReplicationFollower:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         self._close_snapshot()
-        # Records durable here and held for the leader's word are this store's: they need not wait any more.
-        self.store.set_gate(None)
+        self.committed = 1 << 62
         self.store.link.release()
-        if self.store.write_refusal == self.write_refusal:
-            self.store.write_refusal = None
         if self.ctx.offsets.forward == self.forward_offsets:
             self.ctx.offsets.forward = None
 

@@ -110,12 +110,10 @@ class ReplicationLeader:
             session.channel.close()
             self._drop_snapshot(session)
         self.sessions.clear()
-        # Writes still waiting for copies are not known to be on enough of them: they are not acknowledged.
+        # Writes still waiting for copies are not known to be on enough of them: they are not acknowledged. The
+        # member puts its next role's gate in place (GroupMember): a store of a group is never without one.
         self.store.link.fail_held(ReplicationError(f"broker group {self.config.brokerName}'s leader stopped leading "
                                                    f"before enough copies had the write; it may be stored"))
-        self.store.set_gate(None)
-        if self.store.write_refusal == self.write_refusal:
-            self.store.write_refusal = None
 
     # --- the in-sync set ---
     @property

@@ -30,6 +30,8 @@ import os
 from halfmq.protocol.codes import RequestCode, ResponseCode
 from halfmq.protocol.command import RemotingCommand
 
+from halfmq.store import NotLeaderError, ReplicationError
+
 from ..errors import BrokerError, Failure
 from ..services.leading import LeaderServices
 from . import wire
@@ -40,6 +42,31 @@ from .leader import ReplicationLeader
 log = logging.getLogger(__name__)
 ROLE_FILE = "replication.json"
 SWITCH_TIMEOUT_S = 30.0
+
+
+class Between:
+    """The store's gate and write refusal while a member of a group has no role: after it stopped leading and
+    before it follows, or before its first election. It takes no write, and answers none still waiting: a group
+    member's store is never without a gate (without one it would answer writes on its own copy alone)."""
+
+    committed = -1  #: nothing waiting is published
+
+    def __init__(self, store, why: str):
+        self.store = store
+        self.why = why
+
+    def install(self) -> None:
+        self.store.set_gate(self)
+        self.store.write_refusal = self.refusal
+
+    def refusal(self) -> Exception:
+        return NotLeaderError(self.why)
+
+    def shipped(self, record) -> None:
+        pass
+
+    def durable(self, seq: int) -> None:
+        self.store.link.fail_held(ReplicationError(f"{self.why}; the write may be stored"))
 
 
 def replicated(config) -> bool:
@@ -85,6 +112,8 @@ class GroupMember:
 
     # --- lifecycle ---
     async def start(self) -> None:
+        if self.enabled:
+            self._between("waiting for its role")
         if self.election_id:
             self.failover = Failover(self, self.election_id)
             await self.failover.start()
@@ -107,6 +136,10 @@ class GroupMember:
             await self.follower.stop()
             self.follower = None
 
+    def _between(self, why: str) -> None:
+        Between(self.ctx.store, f"broker {self.config.brokerName}/{self.broker_id} is {why}: writes go to the "
+                                f"group's leader").install()
+
     def _next_epoch(self) -> int:
         epochs = self.ctx.store.epochs
         return (epochs[-1][0] if epochs else 0) + 1
@@ -120,6 +153,9 @@ class GroupMember:
             self.leader.deadline = lambda: election.leading_until
             self.leader.isr_keeper = self.failover
         self.leader.start()
+        # As after a restart: the tables are read from the store (a follower's were fed by its records).
+        self.ctx.topics.reload(set(self.ctx.topics.topics) | set(store.topics()))
+        self.ctx.offsets.reload()
         self.ctx.metrics.load_pending()
         self.services.start()
         log.info("leading broker group %s at epoch %d (record %d)", self.config.brokerName, epoch,
@@ -142,6 +178,7 @@ class GroupMember:
         follower, self.follower = self.follower, None
         if follower is not None:
             await follower.stop()
+            self._between("taking the leadership")
         self.broker_id = 0
         await self._lead(epoch, election)
         others = [m for m in (election.isr.members if election.isr else ()) if m != str(self.election_id)]
@@ -159,6 +196,7 @@ class GroupMember:
         if self.follower is not None:
             follower, self.follower = self.follower, None
             await follower.stop()
+            self._between("changing leaders")
         self.broker_id = self.election_id
         self.leader_ha_addr = leader_ha_addr
         self._follow()
@@ -172,9 +210,13 @@ class GroupMember:
         if leader is None:
             return
         log.warning("stepping down as the leader of %s: %s", self.config.brokerName, reason)
+        # At once (before anything awaits): from now on nothing is taken or answered until a role is taken again.
+        self.broker_id = self.election_id
+        if self.follower is None:
+            self._between("between leaders")
+        leader.deadline = lambda: 0.0
         await self.services.stop()
         await leader.stop()
-        self.broker_id = self.election_id
         if self.on_role_change is not None:
             await self.on_role_change()
 
@@ -264,6 +306,7 @@ class GroupMember:
         await self.services.stop()
         leader, self.leader = self.leader, None
         await leader.stop()
+        self._between("handing over its leadership")
         self._save_role(new_id, leader_ha_addr)
         self.broker_id = new_id
         self.leader_ha_addr = leader_ha_addr
@@ -280,6 +323,7 @@ class GroupMember:
         if follower is None:
             return
         await follower.stop()
+        self._between("taking the leadership")
         if self.ctx.store.position[1] < seq:
             log.error("refused the leadership: this store holds records up to %d, the leader had %d",
                       self.ctx.store.position[1], seq)
