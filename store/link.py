@@ -164,7 +164,7 @@ class WriterLink:
                 last = by_gid[answers[-1][0]]
                 last.grown = grown
                 self.last_commit_seconds = commit_seconds
-            if self.gate is not None and durable:
+            if self.gate is not None:
                 self.gate.durable(durable)
             self._publish_upto(last.gid)
         elif kind == "failed":

@@ -136,6 +136,15 @@ class GroupMember:
             await self.follower.stop()
             self.follower = None
 
+    async def _drain(self, timeout: float = 10.0) -> None:
+        """Writes handed to the writer while this member led are answered (refused, by the ``Between`` gate)
+        before a follower's gate is in place: a follower publishes what its leader committed, and a record of its
+        own leadership at the same sequence is not that."""
+        link, loop = self.ctx.store.link, asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while link.waiting and loop.time() < deadline:
+            await asyncio.sleep(0.005)  # each group fails as its commit comes back: no event says "all came"
+
     def _between(self, why: str) -> None:
         Between(self.ctx.store, f"broker {self.config.brokerName}/{self.broker_id} is {why}: writes go to the "
                                 f"group's leader").install()
@@ -196,7 +205,8 @@ class GroupMember:
         if self.follower is not None:
             follower, self.follower = self.follower, None
             await follower.stop()
-            self._between("changing leaders")
+        self._between("changing leaders")
+        await self._drain()
         self.broker_id = self.election_id
         self.leader_ha_addr = leader_ha_addr
         self._follow()
@@ -307,6 +317,7 @@ class GroupMember:
         leader, self.leader = self.leader, None
         await leader.stop()
         self._between("handing over its leadership")
+        await self._drain()
         self._save_role(new_id, leader_ha_addr)
         self.broker_id = new_id
         self.leader_ha_addr = leader_ha_addr

@@ -442,9 +442,6 @@ class Chaos:
         return await self.pending() == 0
 
 
-@pytest.mark.xfail(strict=False, reason="bugs found by this test, in test_failover_findings.py: a leader that lost its "
-                                        "lease acknowledges writes alone until it follows (lost acknowledged sends "
-                                        "after an etcd member was paused or killed); remove this mark with the fixes")
 @pytest.mark.parametrize("seed", [4101, 4102, 4103])
 async def test_faults_of_leaders_followers_and_etcd_under_load_keep_every_acknowledged_write(tmp_path, etcd, seed):
     group = LoggedGroup(tmp_path, etcd, flags=("--transactionTimeOut=1000", "--transactionCheckInterval=1000"))

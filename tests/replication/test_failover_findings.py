@@ -1,4 +1,6 @@
-"""Found by the chaos test (test_failover_chaos.py), failover on etcd:
+"""Found by the chaos test (test_failover_chaos.py), failover on etcd; each is fixed (the member's ``Between`` gate,
+a role's stop leaving the next role's gate alone, decisions and pulls asking for the route again) and these tests
+keep it so. What each was:
 
 0. A leader that lost its lease must acknowledge nothing until it follows the next leader. It acknowledges
 every send, alone: ``GroupMember.step_down`` stops the ``ReplicationLeader`` (whose ``stop`` sets the store's gate
@@ -47,9 +49,6 @@ pytestmark = pytest.mark.slow
 TOPIC = "Rejoin"
 
 
-@pytest.mark.xfail(strict=False, reason="bug: ReplicationLeader.stop clears the gate of the follower that replaced it "
-                                        "(step_down and follow race: failed 2 of 3 runs here); remove this mark with "
-                                        "the fix")
 async def test_a_leader_paused_past_its_lease_under_load_rejoins_the_in_sync_set(tmp_path, etcd):
     group = await ElectedGroup(tmp_path, etcd).start()
     stop = asyncio.Event()
@@ -90,8 +89,6 @@ async def test_a_leader_paused_past_its_lease_under_load_rejoins_the_in_sync_set
         await group.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a member between step_down and follow has no gate and no write refusal, "
-                                       "so it acknowledges writes on its own copy; remove this mark with the fix")
 async def test_a_leader_that_lost_its_lease_acknowledges_nothing_while_etcd_has_no_quorum(tmp_path, etcd):
     from tests.support.raw import RawClient
 
@@ -130,8 +127,6 @@ class Commits:
         return LocalTransactionState.COMMIT_MESSAGE
 
 
-@pytest.mark.xfail(strict=True, reason="bug: TransactionProducer sends END_TRANSACTION over its cached connection to "
-                                       "the deposed leader; remove this mark with the fix")
 async def test_decisions_reach_the_new_leader_when_the_deposed_one_is_back(tmp_path, etcd):
     from tests.replication.test_group_faults import bodies_at
 
@@ -163,8 +158,6 @@ async def test_decisions_reach_the_new_leader_when_the_deposed_one_is_back(tmp_p
         await group.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="bug: PullConsumer keeps its route after a pull that timed out; remove this "
-                                       "mark with the fix")
 async def test_a_pull_that_times_out_on_a_paused_leader_asks_for_the_route_again(tmp_path, etcd):
     from halfmq.client import PullConsumer
 
