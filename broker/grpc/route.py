@@ -36,6 +36,7 @@ _DECLARED = {"NORMAL": (MessageType["NORMAL"],), "FIFO": (MessageType["FIFO"],),
              "TRANSACTION": (MessageType["TRANSACTION"],), "MIXED": ALL_TYPES}
 RECEIVE_BATCH_SIZE = 32
 LONG_POLLING_TIMEOUT_S = 30
+MAX_VERSION_CHARS = 64  #: of a client's user-agent version, kept for the admin pages
 PRODUCER_MAX_ATTEMPTS = 3
 
 
@@ -273,6 +274,8 @@ class RouteService:
         if named > most_topics:
             raise GrpcError(Code["PAYLOAD_TOO_LARGE"], f"the settings name {named} topics, more than "
                                                        f"grpcTelemetryMaxSettingsTopics {most_topics}")
+        # The one thing kept of a client's settings besides its topics: its version, which operators see (bounded).
+        session.version = settings.user_agent.version[:MAX_VERSION_CHARS]
         reply = pb.Settings()
         reply.CopyFrom(settings)
         reply.request_timeout.seconds = max(settings.request_timeout.seconds, 3)

@@ -86,6 +86,7 @@ class ClientSession:
         self.language = _LANGUAGES.get(language, LanguageCode.OTHER)
         self.total = total
         self.producer_topics: set[str] = set()
+        self.version = ""  #: the client's user-agent version, from its settings (admin pages show it)
         #: set by the first heartbeat: the client runs. Clients send settings while they start, and the Python
         #: client drops a check that comes before it runs, so checks wait for this (as RocketMQ's proxy registers
         #: producers on heartbeats).

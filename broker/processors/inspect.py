@@ -361,8 +361,7 @@ def _group_page(names, h: GroupListRequestHeader) -> tuple[list[str], int, str |
 
 def _user_agent_version(session) -> str:
     """A gRPC client's version from the user agent of its settings (its ClientInfo has no version ordinal)."""
-    settings = getattr(session, "settings", None)
-    return settings.user_agent.version if settings is not None else ""
+    return getattr(session, "version", "")
 
 
 def _page_limit(limit: int | None) -> int:
