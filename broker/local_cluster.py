@@ -214,7 +214,7 @@ def plan_etcd_ports(base: int, taken: list[int]) -> list[tuple[int, int]]:
     return ports
 
 
-def _free_ports(count: int) -> list[int]:
+def free_etcd_ports(count: int) -> list[int]:
     """Ports the kernel hands out as free on 127.0.0.1 now, all different (each stays bound until all are
     picked), none of a system etcd's."""
     sockets: list[socket.socket] = []
@@ -370,7 +370,7 @@ class LocalCluster:
             # groups' epochs live on in their stores: a new leader's epoch is above any its store saw).
             for i in range(len(ports)):
                 shutil.rmtree(plan.root / f"etcd-{i}", ignore_errors=True)
-            free = _free_ports(2 * len(ports))
+            free = free_etcd_ports(2 * len(ports))
             ports = [(free[2 * i], free[2 * i + 1]) for i in range(len(ports))]
         host = plan.host
         peers = ",".join(f"etcd-{i}=http://{host}:{peer}" for i, (_, peer) in enumerate(ports))

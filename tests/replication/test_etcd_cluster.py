@@ -9,7 +9,7 @@ import os
 import aiohttp
 import pytest
 
-from tests.support.etcd import DEFAULT_PORTS
+from halfmq.broker.local_cluster import ETCD_DEFAULT_PORTS as DEFAULT_PORTS
 
 pytestmark = pytest.mark.slow
 

@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -29,7 +28,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-DEFAULT_PORTS = {2379, 2380}
+from halfmq.broker.local_cluster import free_etcd_ports
+
 SIZE = 3
 
 
@@ -40,24 +40,6 @@ class EtcdFailed(RuntimeError):
 def missing_tools() -> list[str]:
     """What these members need that is not installed (scripts/install_etcd.sh installs it)."""
     return [tool for tool in ("etcd",) if not shutil.which(tool)]
-
-
-def _free_ports(count: int) -> list[int]:
-    """Ports the kernel hands out as free on 127.0.0.1 now: each socket stays bound until all are picked, so the
-    ports differ; a port taken between here and etcd's bind makes that member exit, and ``start`` tries again."""
-    sockets = []
-    try:
-        while len(sockets) < count:
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            if sock.getsockname()[1] in DEFAULT_PORTS:
-                sock.close()
-                continue
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 class EtcdMember:
@@ -154,7 +136,7 @@ class EtcdCluster:
         failures = []
         for _ in range(attempts):
             self.root = Path(tempfile.mkdtemp(prefix="halfmq-etcd-"))
-            ports = _free_ports(2 * self.size)
+            ports = free_etcd_ports(2 * self.size)
             self.members = [EtcdMember(f"etcd{i}", self.root / f"etcd{i}", ports[2 * i], ports[2 * i + 1])
                             for i in range(self.size)]
             initial = ",".join(f"{member.name}={member.peer_url}" for member in self.members)
