@@ -5,7 +5,7 @@ The gate (store/link.py ``ReplicationGate``). The writer hands over each commit'
 (``durable``); the leader keeps it in a ring of recent records (``RING_BYTES``) and streams it to every follower.
 ``committed`` is the last sequence durable on the leader and on every in-sync follower: the store publishes a group
 (answers, queue bounds readers see) only up to it, so nothing is answered, or read, before every in-sync copy has
-it. While the in-sync set has fewer than ``minInSyncReplicas`` members, writes are refused before they are stored
+it; followers are told it before the answers it covers go out. While the in-sync set has fewer than ``minInSyncReplicas`` members, writes are refused before they are stored
 and the groups waiting for copies fail (``ReplicationError``: SERVICE_NOT_AVAILABLE, which a producer retries
 elsewhere; never a "stored on one copy" success).
 
@@ -90,7 +90,8 @@ class ReplicationLeader:
         #: members out of sync here (gone, or lagging) but still in etcd's in-sync set until removed there: waited
         #: for (at the record they acknowledged) as if in sync
         self.ghosts: dict[int, int] = {}
-        self._notify = False
+        self._committing = seq               #: durable on every in-sync member, followers not yet told
+        self._commit_scheduled = False
         self._progress: asyncio.Future | None = None
         self._lag_task: asyncio.Task | None = None
         self._snapshots = os.path.join(self.config.storePathRootDir, "repl-snapshots")
@@ -183,22 +184,23 @@ class ReplicationLeader:
             return  # past the lease, nothing is answered: another leader may exist
         committed = min([self.local] + [s.acked for s in self.sessions.values() if s.in_sync]
                         + list(self.ghosts.values()))
-        if committed > self.committed:
-            self.committed = committed
-            self.store.link.release()
-            self._notify_soon()
+        self._committing = max(self._committing, committed)
+        if self._committing > self.committed and not self._commit_scheduled:
+            self._commit_scheduled = True
+            asyncio.get_running_loop().call_soon(self._commit)
 
-    def _notify_soon(self) -> None:
-        """Followers learn the committed sequence once per loop iteration (what their readers may see)."""
-        if not self._notify:
-            self._notify = True
-            asyncio.get_running_loop().call_soon(self._send_commit)
-
-    def _send_commit(self) -> None:
-        self._notify = False
+    def _commit(self) -> None:
+        """Once per loop iteration: the followers are told the committed sequence before anything it covers is
+        answered. A leader that dies right after answering has already handed them the notice, so what it
+        acknowledged is shown by its followers' readers (told after, a SIGKILL in between hid the last answers)."""
+        self._commit_scheduled = False
+        if self._committing <= self.committed or not self._leased():
+            return
+        self.committed = self._committing
         for session in self.sessions.values():
             if session.streaming:
                 session.channel.send_request(wire.records([], self.committed))
+        self.store.link.release()  # a stopped leader's gate is replaced: this releases only what the new one allows
 
     # --- followers ---
     def follow(self, channel, broker_id: int, addr: str, ha_addr: str, epoch: int, seq: int) -> dict:

@@ -82,9 +82,9 @@ async def test_everything_acknowledged_is_read_back_from_a_follower_after_the_le
     async with PullConsumer("CG_GROUP", namesrv) as consumer:
         # The route now names the group's followers: reads go to one of them.
         queues = await until(lambda: consumer.fetch_subscribe_queues(TOPIC), 30, "a route without the leader")
+        assert [await consumer.query_offset(queue) for queue in queues] == [7] * len(queues)
         got = []
         for queue in queues:
-            assert await consumer.query_offset(queue) == 7
             offset = 0
             while True:
                 result = await consumer.pull(queue, offset, max_nums=256)
