@@ -16,8 +16,9 @@ from halfmq.protocol.headers import (DeleteTopicFromNamesrvRequestHeader, GetTop
                                      RegisterBrokerRequestHeader, RegisterBrokerResponseHeader, TopicRequestHeader,
                                      UnregisterBrokerRequestHeader)
 
-from ..errors import BrokerError
+from ..errors import BrokerError, Failure
 from ..names import check_broker_name, check_topic
+from .pacing import RegistrationPace
 from .routes import BrokerEntry, QueueData, RouteTable
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,7 @@ class NameServerProcessor:
     def __init__(self, table: RouteTable, max_topics_per_broker: int = 100_000):
         self.table = table
         self.max_topics_per_broker = max_topics_per_broker
+        self.pace = RegistrationPace()
 
     def register(self, dispatcher, registrations: bool = True) -> None:
         """Serves the read requests; with ``registrations``, brokers may also join, leave and delete topics."""
@@ -67,6 +69,9 @@ class NameServerProcessor:
         return self._json(cmd, {"topicList": self.table.topics(cluster)})
 
     def register_broker(self, channel, cmd: RemotingCommand) -> RemotingCommand:
+        if not self.pace.allow(channel):  # before the body is parsed: that is the cost being bounded
+            raise BrokerError(Failure.BUSY, f"REGISTER_BROKER: more than {self.pace.rate:g} registrations a second "
+                                            f"on this connection; retry later")
         header = RegisterBrokerRequestHeader.from_ext(cmd.ext_fields)
         check_broker_name(header.brokerName, "REGISTER_BROKER: brokerName")
         check_broker_name(header.clusterName, "REGISTER_BROKER: clusterName")
@@ -145,6 +150,7 @@ class NameServerProcessor:
         return cmd.response(ResponseCode.SUCCESS)
 
     def channel_closed(self, channel) -> None:
+        self.pace.forget(channel)
         for entry in self.table.channel_closed(channel):
             log.info("broker %s (%s) left: its connection closed", entry.broker_name, entry.addr)
 

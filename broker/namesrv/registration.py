@@ -19,6 +19,10 @@ from .routes import QueueData
 
 log = logging.getLogger(__name__)
 REQUEST_TIMEOUT_S = 6.0  #: RocketMQ's registerBrokerTimeoutMills
+#: topic changes arriving in a burst (a script creating topics) reach the name servers in one registration per gap,
+#: not one each: a registration carries every topic, and name servers bound how often a connection may send one
+#: (pacing.py)
+MIN_REGISTER_GAP_S = 0.1
 
 
 def queue_data(config: TopicConfig) -> QueueData:
@@ -89,6 +93,10 @@ class Registrar:
                 return
             self._changed.clear()
             await asyncio.gather(*(self._register(link) for link in self.links))
+            try:
+                await asyncio.wait_for(self._stop.wait(), MIN_REGISTER_GAP_S)
+            except asyncio.TimeoutError:
+                pass
 
     async def _register(self, link: NamesrvLink) -> None:
         cfg = self.config

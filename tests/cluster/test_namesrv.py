@@ -235,3 +235,38 @@ async def test_a_groups_leader_of_an_older_epoch_never_takes_the_route_back():
         client.close()
     finally:
         await namesrv.stop()
+
+
+async def test_registrations_are_bounded_in_rate_per_connection_and_a_flood_harms_no_other_broker():
+    """A registration is parsed in full (the whole topic table): one connection sending them as fast as it can is
+    refused (SYSTEM_BUSY, the body not parsed) past its bucket, while another connection is still heard."""
+    from halfmq.broker.namesrv.pacing import BURST
+    namesrv = await NamesrvProcess().start()
+    try:
+        flooder, other = await RawClient.connect(namesrv.addr), await RawClient.connect(namesrv.addr)
+        ext, body = _registration(name="flood")
+        answers = await asyncio.gather(*(flooder.request(RequestCode.REGISTER_BROKER, ext, body)
+                                         for _ in range(BURST * 3)))
+        codes = collections.Counter(answer.code for answer in answers)
+        assert codes[ResponseCode.SUCCESS] >= BURST and codes[ResponseCode.SYSTEM_BUSY] > 0, codes
+        assert set(codes) == {ResponseCode.SUCCESS, ResponseCode.SYSTEM_BUSY}, codes
+        busy = next(answer for answer in answers if answer.code == ResponseCode.SYSTEM_BUSY)
+        assert "registrations a second on this connection" in busy.remark
+        ext, body = _registration(name="calm")
+        assert (await other.request(RequestCode.REGISTER_BROKER, ext, body)).code == ResponseCode.SUCCESS
+        assert await brokers_known(namesrv.addr) == {"flood", "calm"}
+        flooder.close()
+        other.close()
+    finally:
+        await namesrv.stop()
+
+
+async def test_a_broker_creating_topics_in_a_burst_is_never_refused_by_its_name_servers(cluster):
+    async with Admin(cluster.namesrv_addr) as admin:
+        for i in range(100):  # each change makes every broker register again
+            await admin.update_topic(f"Burst{i}", read_queues=1, write_queues=1)
+
+        async def last_routed():
+            return (await admin.topic_route("Burst99"))["brokerDatas"]
+        await until(last_routed, 10, "the burst's last topic routed")
+    assert not any("refused this broker's registration" in line for line in cluster.brokers[0].lines)
