@@ -48,8 +48,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from halfmq.protocol import properties as P
-from halfmq.protocol.codes import (ADMIN_REQUEST_CODES, BROKER_REGISTRATION_CODES, REPLICATION_CODES, RequestCode,
-                                   ResponseCode)
+from halfmq.protocol.codes import ADMIN_REQUEST_CODES, BROKER_REGISTRATION_CODES, REPLICATION_CODES, RequestCode
 from halfmq.protocol.headers import (
     GROUP,
     TOPIC,
@@ -270,7 +269,7 @@ def _body_json(cmd) -> dict:
     if not isinstance(data, dict):
         # Nothing to name resources from; refusing here (rather than letting the processor answer the malformed
         # body) keeps one rule: a body-routed request is checked whole or not served.
-        raise BrokerError(ResponseCode.SYSTEM_ERROR, "the request body is not a JSON object")
+        raise BrokerError(Failure.BAD_REQUEST, "the request body is not a JSON object")
     return data
 
 
@@ -332,7 +331,7 @@ def check_signed_time(signed_ms: int, skew_seconds: float, now_ms: int | None = 
 
 
 class AccessValidator:
-    """Checks each request; raises BrokerError(NO_PERMISSION) when it is not allowed."""
+    """Checks each request; raises BrokerError(FORBIDDEN) when it is not allowed."""
 
     def __init__(self, accounts: dict[str, Account] | None, skew_seconds: float = DEFAULT_SKEW_SECONDS):
         self.accounts = accounts  # None: ACL off
@@ -346,13 +345,13 @@ class AccessValidator:
         account = None
         if self.accounts is None:
             if cmd.code in ADMIN_REQUEST_CODES and not is_loopback(channel.remote):
-                raise BrokerError(ResponseCode.NO_PERMISSION,
+                raise BrokerError(Failure.FORBIDDEN,
                                   f"admin request {cmd.code} is only served to loopback clients when ACL is off")
         else:
             account = self._account(cmd)
             if (cmd.code in ADMIN_REQUEST_CODES or cmd.code in BROKER_REGISTRATION_CODES
                     or cmd.code in REPLICATION_CODES) and not account.admin:
-                raise BrokerError(ResponseCode.NO_PERMISSION, f"request {cmd.code} needs an admin account")
+                raise BrokerError(Failure.FORBIDDEN, f"request {cmd.code} needs an admin account")
         rule = RULES.get(cmd.code)
         if rule is None:
             return
@@ -389,10 +388,10 @@ class AccessValidator:
         ext = cmd.ext_fields
         account = self.accounts.get(ext.get("AccessKey", ""))
         if account is None:
-            raise BrokerError(ResponseCode.NO_PERMISSION, f"no account for AccessKey {ext.get('AccessKey', '')!r}")
+            raise BrokerError(Failure.FORBIDDEN, f"no account for AccessKey {ext.get('AccessKey', '')!r}")
         expected = signature(account.secret_key, ext, cmd.body)
         if not hmac.compare_digest(expected.encode(), ext.get("Signature", "").encode()):
-            raise BrokerError(ResponseCode.NO_PERMISSION, "the signature does not match")
+            raise BrokerError(Failure.FORBIDDEN, "the signature does not match")
         time_field = SIGNED_TIME_FIELDS.get(cmd.code)
         signed = ext.get(time_field, "") if time_field is not None else ""
         if signed.isdigit() and signed != "0":  # 0: the client said nothing of when (SEND_MESSAGE's default)
@@ -420,9 +419,9 @@ class AccessValidator:
     def _require(account: Account, kind: str, name: str, perm: int) -> None:
         kind, name, perm = owner(kind, name, perm)
         if kind == TOPIC and name in SEND_FORBIDDEN:
-            raise BrokerError(ResponseCode.NO_PERMISSION, f"{account.access_key} may not use system topic {name}")
+            raise BrokerError(Failure.FORBIDDEN, f"{account.access_key} may not use system topic {name}")
         if not account.allows(kind, name, perm):
-            raise BrokerError(ResponseCode.NO_PERMISSION,
+            raise BrokerError(Failure.FORBIDDEN,
                               f"{account.access_key} may not {'publish to' if perm == PUB else 'subscribe'} "
                               f"{kind} {name}")
 
@@ -431,7 +430,7 @@ class AccessValidator:
         ``check_read`` decides.
 
         Raises:
-            BrokerError: NO_PERMISSION.
+            BrokerError: FORBIDDEN.
         """
         self.check_read(None if self.accounts is None else self._account(cmd), channel.remote, topic)
 
@@ -442,7 +441,7 @@ class AccessValidator:
         another account's half into it by naming its group and offsets).
 
         Raises:
-            BrokerError: NO_PERMISSION.
+            BrokerError: FORBIDDEN.
         """
         if self.accounts is None:
             return
@@ -463,11 +462,11 @@ class AccessValidator:
             remote: the caller's ``host:port``.
             topic: the topic read.
         Raises:
-            BrokerError: NO_PERMISSION.
+            BrokerError: FORBIDDEN.
         """
         if account is None:
             if topic in SEND_FORBIDDEN and not is_loopback(remote):
-                raise BrokerError(ResponseCode.NO_PERMISSION,
+                raise BrokerError(Failure.FORBIDDEN,
                                   f"a record of system topic {topic} is only served to loopback clients")
             return
         if not account.admin:

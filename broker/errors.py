@@ -44,6 +44,8 @@ class Failure(enum.Enum):
     #: a broker group cannot take a write here: this member follows (a RocketMQ slave's answer), or too few copies
     #: are in sync. Code 14, which producers retry elsewhere; never "stored on one copy" (10, 11, 12 read as sent)
     NOT_REPLICATED = (R.SERVICE_NOT_AVAILABLE, "HA_NOT_AVAILABLE")
+    #: a leadership hand-over refused because its target follower did not catch up in time
+    FOLLOWER_BEHIND = (R.SYSTEM_ERROR, "HA_NOT_AVAILABLE")
     #: the remoting door's own refusals, with the codes a RocketMQ 4.x broker answers them with
     MESSAGE_MISSING = (R.SYSTEM_ERROR, "MESSAGE_NOT_FOUND")  #: no message at the offset a request names
     NOT_ONLINE = (R.SYSTEM_ERROR, "NOT_FOUND")  #: a group with no producer or consumer connected

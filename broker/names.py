@@ -29,22 +29,22 @@ Why these limits (LMDB refuses a key longer than 511 bytes, and the offsets load
   C1) or a lone surrogate (it cannot be encoded into a key); a message key holds no whitespace (KEYS are split
   on it).
 
-Codes: a bad topic, group or client id in a request answers SYSTEM_ERROR, which is what RocketMQ 4.9 answers for a
-bad topic (its broker checks no group names); a bad message property answers MESSAGE_ILLEGAL, so a producer
-does not retry the same message on another broker.
+Failures (rows of the error table, broker/errors.py): a bad topic, group or client id in a request is
+ILLEGAL_TOPIC, ILLEGAL_GROUP or BAD_REQUEST, all answered SYSTEM_ERROR over remoting, which is what RocketMQ 4.9
+answers for a bad topic (its broker checks no group names); a bad message property is BAD_MESSAGE, answered
+MESSAGE_ILLEGAL, so a producer does not retry the same message on another broker.
 """
 from __future__ import annotations
 
 import re
 
 from halfmq.protocol import properties as P
-from halfmq.protocol.codes import ResponseCode
 # The limits and the name pattern are protocol/rules.py's, which clients and the dashboard use too.
 from halfmq.protocol.rules import (  # noqa: F401 (the limits and prefixes are imported from here too)
     BROKER_NAME, CONTROL, CONTROL_OR_SPACE, DLQ_PREFIX, GRPC_GROUP_PREFIX, LMDB_MAX_KEY_BYTES, MAX_CLIENT_ID_BYTES,
     MAX_GROUP_LENGTH, MAX_MESSAGE_KEY_BYTES, MAX_TOPIC_LENGTH, NAME, NOT_NAME, PATTERN_TEXT, RETRY_PREFIX, is_name)
 
-from .errors import BrokerError
+from .errors import BrokerError, Failure
 
 _SHOWN = 48
 
@@ -61,108 +61,109 @@ def _utf8_len(value: str) -> int:
     return len(value) if value.isascii() else len(value.encode("utf-8", "surrogatepass"))
 
 
-def _text(value: object, field: str, code: int) -> str:
+def _text(value: object, field: str, failure: Failure) -> str:
     if not isinstance(value, str):
-        raise BrokerError(code, f"{field} must be a string, got {type(value).__name__}")
+        raise BrokerError(failure, f"{field} must be a string, got {type(value).__name__}")
     if not value or value.isspace():
-        raise BrokerError(code, f"{field} is blank")
+        raise BrokerError(failure, f"{field} is blank")
     return value
 
 
-def _check_name(value: object, field: str, kind: str, max_length: int, code: int) -> str:
+def _check_name(value: object, field: str, kind: str, max_length: int, failure: Failure) -> str:
     if type(value) is str and len(value) <= max_length and is_name(value):
         return value
-    name = _text(value, field, code)
+    name = _text(value, field, failure)
     if len(name) <= max_length and NAME.fullmatch(name):
         return name  # a str of a subclass
     if len(name) > max_length:
-        raise BrokerError(code, f"{field} is {len(name)} characters, longer than the {kind} max length "
+        raise BrokerError(failure, f"{field} is {len(name)} characters, longer than the {kind} max length "
                                 f"{max_length}: {_show(name)}")
     bad = NOT_NAME.search(name)
-    raise BrokerError(code, f"{field} {_show(name)} contains the illegal character {bad.group()!r} at index "
+    raise BrokerError(failure, f"{field} {_show(name)} contains the illegal character {bad.group()!r} at index "
                             f"{bad.start()}; a {kind} allows only {PATTERN_TEXT}")
 
 
-def check_topic(value: object, field: str = "topic", code: int = ResponseCode.SYSTEM_ERROR) -> str:
+def check_topic(value: object, field: str = "topic", failure: Failure = Failure.ILLEGAL_TOPIC) -> str:
     """A topic name: 1-127 characters of [%|a-zA-Z0-9_-].
 
     Args:
         value: the name as the request carried it (any JSON value for a request body).
         field: the request field, named in the remark.
-        code: the response code of a refusal.
+        failure: the error table's row of a refusal.
     Returns:
         The name.
     Raises:
-        BrokerError: ``code`` with a remark naming the field and the broken limit.
+        BrokerError: ``failure`` with a remark naming the field and the broken limit.
     """
-    return _check_name(value, field, "topic", MAX_TOPIC_LENGTH, code)
+    return _check_name(value, field, "topic", MAX_TOPIC_LENGTH, failure)
 
 
 def validate_topic_name(name: object) -> None:
-    """``check_topic`` under the name the send and admin processors import; raises BrokerError(SYSTEM_ERROR)."""
+    """``check_topic`` under the name the send and admin processors import; raises BrokerError(ILLEGAL_TOPIC)."""
     check_topic(name)
 
 
 def check_broker_name(value: str, field: str) -> str:
-    """Raises BrokerError (SYSTEM_ERROR) naming ``field`` when ``value`` is not a broker or cluster name."""
+    """Raises BrokerError (BAD_REQUEST) naming ``field`` when ``value`` is not a broker or cluster name."""
     if not BROKER_NAME.fullmatch(value):
-        raise BrokerError(ResponseCode.SYSTEM_ERROR, f"{field} {_show(value[:64])} is not a name (1..127 of "
-                                                     f"A-Z a-z 0-9 _ - .)")
+        raise BrokerError(Failure.BAD_REQUEST, f"{field} {_show(value[:64])} is not a name (1..127 of "
+                                               f"A-Z a-z 0-9 _ - .)")
     return value
 
 
-def check_group(value: object, field: str = "group", code: int = ResponseCode.SYSTEM_ERROR) -> str:
+def check_group(value: object, field: str = "group", failure: Failure = Failure.ILLEGAL_GROUP) -> str:
     """A consumer or producer group: 1-120 characters of [%|a-zA-Z0-9_-], so %RETRY%<group> is a valid topic.
 
     Args:
         value: the name as the request carried it.
         field: the request field (``consumerGroup``, ``producerGroup``, ...), named in the remark.
-        code: the response code of a refusal.
+        failure: the error table's row of a refusal.
     Returns:
         The name.
     Raises:
-        BrokerError: ``code`` with a remark naming the field and the broken limit.
+        BrokerError: ``failure`` with a remark naming the field and the broken limit.
     """
-    return _check_name(value, field, "group", MAX_GROUP_LENGTH, code)
+    return _check_name(value, field, "group", MAX_GROUP_LENGTH, failure)
 
 
 def check_remoting_group(value: str, field: str = "group") -> str:
     """A group a remoting request names must not be one of the gRPC endpoint's internal groups.
 
     Raises:
-        BrokerError: NO_PERMISSION naming the field.
+        BrokerError: FORBIDDEN naming the field.
     """
     if value.startswith(GRPC_GROUP_PREFIX):
-        raise BrokerError(ResponseCode.NO_PERMISSION,
+        raise BrokerError(Failure.FORBIDDEN,
                           f"{field} {_show(value)} is an internal group of the gRPC endpoint (prefix "
                           f"{GRPC_GROUP_PREFIX}): remoting clients may not name it")
     return value
 
 
-def check_client_id(value: object, field: str = "clientID", code: int = ResponseCode.SYSTEM_ERROR) -> str:
+def check_client_id(value: object, field: str = "clientID", failure: Failure = Failure.BAD_REQUEST) -> str:
     """A client id or instance name: 1-255 UTF-8 bytes without control characters.
 
     Raises:
-        BrokerError: ``code`` with a remark naming the field and the broken limit.
+        BrokerError: ``failure`` with a remark naming the field and the broken limit.
     """
-    client_id = _text(value, field, code)
-    _check_bytes(client_id, field, MAX_CLIENT_ID_BYTES, CONTROL, "a control character", code)
+    client_id = _text(value, field, failure)
+    _check_bytes(client_id, field, MAX_CLIENT_ID_BYTES, CONTROL, "a control character", failure)
     return client_id
 
 
-def check_message_key(value: object, field: str = "key", code: int = ResponseCode.MESSAGE_ILLEGAL) -> str:
+def check_message_key(value: object, field: str = "key", failure: Failure = Failure.BAD_MESSAGE) -> str:
     """One message key (a KEYS entry, a UNIQ_KEY, a QUERY_MESSAGE key): 1-374 UTF-8 bytes, no whitespace and
     no control characters.
 
     Raises:
-        BrokerError: ``code`` with a remark naming the field and the broken limit.
+        BrokerError: ``failure`` with a remark naming the field and the broken limit.
     """
-    key = _text(value, field, code)
-    _check_bytes(key, field, MAX_MESSAGE_KEY_BYTES, CONTROL_OR_SPACE, "whitespace or a control character", code)
+    key = _text(value, field, failure)
+    _check_bytes(key, field, MAX_MESSAGE_KEY_BYTES, CONTROL_OR_SPACE, "whitespace or a control character", failure)
     return key
 
 
-def _check_bytes(value: str, field: str, max_bytes: int, forbidden: re.Pattern, what: str, code: int) -> None:
+def _check_bytes(value: str, field: str, max_bytes: int, forbidden: re.Pattern, what: str,
+                 failure: Failure) -> None:
     # The common case first: printable ASCII is one byte a character, holds no control character and no
     # whitespace but the space.
     if (len(value) <= max_bytes and value.isascii() and value.isprintable()
@@ -170,10 +171,10 @@ def _check_bytes(value: str, field: str, max_bytes: int, forbidden: re.Pattern, 
         return
     bad = forbidden.search(value)
     if bad is not None:
-        raise BrokerError(code, f"{field} {_show(value)} contains {what} ({bad.group()!r} at index {bad.start()})")
+        raise BrokerError(failure, f"{field} {_show(value)} contains {what} ({bad.group()!r} at index {bad.start()})")
     size = _utf8_len(value)
     if size > max_bytes:
-        raise BrokerError(code, f"{field} is {size} bytes, longer than the {max_bytes}-byte limit: {_show(value)}")
+        raise BrokerError(failure, f"{field} is {size} bytes, longer than the {max_bytes}-byte limit: {_show(value)}")
 
 
 def _where(topic) -> str:
@@ -193,7 +194,7 @@ def check_message(topic: str, properties: dict[str, str], producer_group: str | 
         properties: the decoded message properties.
         producer_group: the request header's producerGroup (None for a batch's messages, whose batch was checked).
     Raises:
-        BrokerError: MESSAGE_ILLEGAL with a remark naming the property and the broken limit.
+        BrokerError: BAD_MESSAGE with a remark naming the property and the broken limit.
     """
     keys = properties.get(P.KEYS)
     if keys:
@@ -208,9 +209,9 @@ def check_message(topic: str, properties: dict[str, str], producer_group: str | 
     if properties.get(P.TRAN_MSG) == "true":
         named = properties.get(P.PGROUP)
         if named and producer_group is not None and named != producer_group:
-            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
+            raise BrokerError(Failure.BAD_MESSAGE,
                               f"the producer group (PGROUP) {_show(named)} of a transactional message to "
                               f"{_where(topic)} is not the request's producerGroup {_show(str(producer_group))}: a "
                               f"half is filed under the group the request names")
         group = named or producer_group
-        check_group(group, "the producer group (PGROUP) of a transactional message", ResponseCode.MESSAGE_ILLEGAL)
+        check_group(group, "the producer group (PGROUP) of a transactional message", Failure.BAD_MESSAGE)

@@ -8,7 +8,7 @@ What a client can bring into existence, and how much of it:
   retry topic *is* the group's existence, as RocketMQ's heartbeat creates it through the subscription group):
   created on a heartbeat or a send-back when ``autoCreateSubscriptionGroup`` and while fewer than
   ``maxAutoCreatedSubscriptionGroups`` groups exist. A heartbeat beyond that still registers the consumer (its
-  send-backs answer SUBSCRIPTION_GROUP_NOT_EXIST, as RocketMQ's do);
+  send-backs are refused GROUP_NOT_FOUND, answered SUBSCRIPTION_GROUP_NOT_EXIST as RocketMQ's are);
 - a group's ``%DLQ%`` topic, only for a group that exists;
 - a send that *names* a ``%RETRY%`` topic creates it only when ``autoCreateTopicEnable`` as well: with it off, no
   topic a client names comes into existence (retry topics then come only from the group rule above, and a DLQ
@@ -20,7 +20,7 @@ import logging
 from dataclasses import asdict, dataclass
 
 from halfmq.protocol import properties as P
-from halfmq.protocol.codes import Perm, ResponseCode
+from halfmq.protocol.codes import Perm
 from halfmq.store.lifecycle import DeleteTopic
 from halfmq.store.ops import PutTopic
 
@@ -98,19 +98,19 @@ def apply_attributes(text: str | None, current: str | None) -> str | None:
     other topic attributes are not supported here.
 
     Raises:
-        BrokerError: SYSTEM_ERROR naming an unknown attribute or type.
+        BrokerError: BAD_REQUEST naming an unknown attribute or type.
     """
     kept = current
     for item in filter(None, (part.strip() for part in (text or "").split(","))):
         op, rest = item[0], item[1:]
         key, _, value = rest.partition("=")
         if op not in "+-" or key != "message.type":
-            raise BrokerError(ResponseCode.SYSTEM_ERROR, f"topic attribute {item!r} is not supported (only "
+            raise BrokerError(Failure.BAD_REQUEST, f"topic attribute {item!r} is not supported (only "
                               f"+message.type=TYPE and -message.type)")
         if op == "-":
             kept = None
         elif value not in MESSAGE_TYPES:
-            raise BrokerError(ResponseCode.SYSTEM_ERROR, f"message.type {value!r} is not one of "
+            raise BrokerError(Failure.BAD_REQUEST, f"message.type {value!r} is not one of "
                               f"{', '.join(MESSAGE_TYPES)}")
         else:
             kept = value
@@ -189,7 +189,7 @@ class TopicManager:
         """Create or replace a topic; every new topic (admin, auto-created, retry, DLQ) passes here.
 
         Raises:
-            BrokerError: SYSTEM_ERROR for a name that names.py refuses.
+            BrokerError: ILLEGAL_TOPIC for a name that names.py refuses.
         """
         # Retry and DLQ topics are named after a client's group: checked here as well, whoever asks for one.
         validate_topic_name(config.name)
@@ -209,7 +209,7 @@ class TopicManager:
 
     async def delete(self, name: str) -> bool:
         if name in SYSTEM_TOPICS:
-            raise BrokerError(ResponseCode.SYSTEM_ERROR, f"The topic[{name}] is conflict with system topic.")
+            raise BrokerError(Failure.ILLEGAL_TOPIC, f"The topic[{name}] is conflict with system topic.")
         if name not in self.topics:
             return False
         self.store.forget_topic(name, await self.store.submit(DeleteTopic(name)))
@@ -225,25 +225,25 @@ class TopicManager:
         """The topic's config, creating it from the template topic when allowed (reference §3.1 step 4).
 
         Raises:
-            BrokerError: TOPIC_NOT_EXIST when the topic is unknown and cannot be created.
+            BrokerError: TOPIC_NOT_FOUND when the topic is unknown and cannot be created.
         """
         config = self.topics.get(name)
         if config is not None:
             return config
         if name.startswith(DLQ_PREFIX):
             # Where a retry send past its last reconsume goes: an existing group's, bounded by the group quota.
-            return await self.ensure_dlq(name[len(DLQ_PREFIX):], ResponseCode.TOPIC_NOT_EXIST)
+            return await self.ensure_dlq(name[len(DLQ_PREFIX):], Failure.TOPIC_NOT_FOUND)
         if not self.auto_create:
-            raise BrokerError(ResponseCode.TOPIC_NOT_EXIST,
+            raise BrokerError(Failure.TOPIC_NOT_FOUND,
                               f"topic[{name}] not exist, apply first please! (autoCreateTopicEnable=false)")
         if name.startswith(RETRY_PREFIX):
-            return await self.ensure_group(name[len(RETRY_PREFIX):], ResponseCode.TOPIC_NOT_EXIST)
+            return await self.ensure_group(name[len(RETRY_PREFIX):], Failure.TOPIC_NOT_FOUND)
         template = self.topics.get(default_topic or DEFAULT_TOPIC) or self.topics[DEFAULT_TOPIC]
         if not template.perm & Perm.INHERIT:
-            raise BrokerError(ResponseCode.TOPIC_NOT_EXIST,
+            raise BrokerError(Failure.TOPIC_NOT_FOUND,
                               f"topic[{name}] not exist, apply first please!")
         if self.user_topic_count >= self.max_topics:
-            raise BrokerError(ResponseCode.TOPIC_NOT_EXIST,
+            raise BrokerError(Failure.TOPIC_NOT_FOUND,
                               f"topic[{name}] not exist, and the broker already holds {self.user_topic_count} "
                               f"topics, the most it creates automatically (maxAutoCreatedTopics)")
         queues = max(1, min(default_queue_nums if default_queue_nums > 0 else template.write_queue_nums,
@@ -259,38 +259,38 @@ class TopicManager:
     def may_create_group(self) -> bool:
         return self.auto_create_groups and self.group_count < self.max_groups
 
-    async def ensure_group(self, group: str, code: int = ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST) -> TopicConfig:
+    async def ensure_group(self, group: str, failure: Failure = Failure.GROUP_NOT_FOUND) -> TopicConfig:
         """The group's retry topic (one queue), creating the group when the quota allows.
 
         Raises:
-            BrokerError: ``code`` when the group does not exist and may not be created.
+            BrokerError: ``failure`` when the group does not exist and may not be created.
         """
         name = RETRY_PREFIX + group
         config = self.topics.get(name)
         if config is not None:
             return config
         if not self.auto_create_groups:
-            raise BrokerError(code, f"subscription group[{group}] not exist (autoCreateSubscriptionGroup=false)")
+            raise BrokerError(failure, f"subscription group[{group}] not exist (autoCreateSubscriptionGroup=false)")
         if self.group_count >= self.max_groups:
-            raise BrokerError(code, f"subscription group[{group}] not exist, and the broker already holds "
-                                    f"{self.group_count} groups, the most it creates automatically "
-                                    f"(maxAutoCreatedSubscriptionGroups)")
+            raise BrokerError(failure, f"subscription group[{group}] not exist, and the broker already holds "
+                                       f"{self.group_count} groups, the most it creates automatically "
+                                       f"(maxAutoCreatedSubscriptionGroups)")
         config = TopicConfig(name, 1, 1)
         await self.put(config)
         return config
 
-    async def ensure_dlq(self, group: str, code: int = ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST) -> TopicConfig:
+    async def ensure_dlq(self, group: str, failure: Failure = Failure.GROUP_NOT_FOUND) -> TopicConfig:
         """The group's dead-letter topic (one queue): only for a group that exists.
 
         Raises:
-            BrokerError: ``code`` when the group does not exist.
+            BrokerError: ``failure`` when the group does not exist.
         """
         name = DLQ_PREFIX + group
         config = self.topics.get(name)
         if config is not None:
             return config
         if not self.group_exists(group):
-            raise BrokerError(code, f"subscription group[{group}] not exist: no dead-letter topic for it")
+            raise BrokerError(failure, f"subscription group[{group}] not exist: no dead-letter topic for it")
         config = TopicConfig(name, 1, 1)
         await self.put(config)
         return config

@@ -264,16 +264,44 @@ def test_only_the_command_line_builds_a_broker():
     assert users == ["broker.cli"], users
 
 
+#: Where refusals are raised: the adapters, and the components under them that refuse requests themselves.
+REFUSING = ("broker/processors", "broker/grpc", "broker/acl.py", "broker/names.py", "broker/topics.py",
+            "broker/namesrv/processor.py", "broker/replication/member.py")
+
+
+def _failure_params(function: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    """The parameters of ``function`` annotated ``Failure``: a row the caller picked."""
+    arguments = function.args.posonlyargs + function.args.args + function.args.kwonlyargs
+    return {a.arg for a in arguments if isinstance(a.annotation, ast.Name) and a.annotation.id == "Failure"}
+
+
+def _raw_refusals(path: Path) -> list[int]:
+    """The lines of ``path`` raising a ``BrokerError`` with anything but ``Failure.X`` or a parameter typed
+    ``Failure``."""
+    lines = []
+    for function in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        rows = _failure_params(function)
+        for node in ast.walk(function):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "BrokerError"
+                    and node.args):
+                continue
+            first = node.args[0]
+            if not ((isinstance(first, ast.Attribute) and isinstance(first.value, ast.Name)
+                     and first.value.id == "Failure") or (isinstance(first, ast.Name) and first.id in rows)):
+                lines.append(node.lineno)
+    return sorted(set(lines))
+
+
 def test_adapters_refuse_through_the_error_table():
-    """The remoting and gRPC adapters raise ``BrokerError(Failure.X, ...)``: each refusal is a row of the one
-    error table (broker/errors.py), never a response code picked where it is raised."""
+    """The remoting and gRPC adapters, and the components that refuse requests under them (access control, name
+    rules, topics, the name server, a replication group's member), raise ``BrokerError(Failure.X, ...)``: each
+    refusal is a row of the one error table (broker/errors.py), never a response code picked where it is
+    raised."""
     raw = []
-    for folder in ("broker/processors", "broker/grpc"):
-        for path in sorted((REPO / folder).rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "BrokerError"
-                        and node.args and not (isinstance(node.args[0], ast.Attribute)
-                                               and isinstance(node.args[0].value, ast.Name)
-                                               and node.args[0].value.id == "Failure")):
-                    raw.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    for where in REFUSING:
+        target = REPO / where
+        for path in sorted(target.rglob("*.py")) if target.is_dir() else [target]:
+            raw += [f"{path.relative_to(REPO)}:{line}" for line in _raw_refusals(path)]
     assert not raw, "refusals with a raw code:\n" + "\n".join(raw)

@@ -54,7 +54,7 @@ class NameServerProcessor:
         topic = TopicRequestHeader.from_ext(cmd.ext_fields).topic
         body = self.table.route(topic)
         if body is None:
-            raise BrokerError(ResponseCode.TOPIC_NOT_EXIST,
+            raise BrokerError(Failure.TOPIC_NOT_FOUND,
                               f"No topic route info in name server for the topic: {topic}")
         return self._json(cmd, body)
 
@@ -78,19 +78,19 @@ class NameServerProcessor:
         for field, value in (("brokerAddr", header.brokerAddr), ("grpcAddr", header.grpcAddr or "127.0.0.1:1"),
                              ("haServerAddr", header.haServerAddr or "127.0.0.1:1")):
             if not _ADDR.fullmatch(value) or not 0 < int(value.rpartition(":")[2]) < 65536:
-                raise BrokerError(ResponseCode.SYSTEM_ERROR, f"REGISTER_BROKER: {field} {value[:64]!r} is not "
-                                                             f"HOST:PORT")
+                raise BrokerError(Failure.BAD_REQUEST, f"REGISTER_BROKER: {field} {value[:64]!r} is not "
+                                                       f"HOST:PORT")
         if not 0 <= header.brokerId <= MAX_BROKER_ID:
-            raise BrokerError(ResponseCode.SYSTEM_ERROR, f"REGISTER_BROKER: brokerId {header.brokerId} is not 0 (a "
-                                                         f"group's leader) to {MAX_BROKER_ID} (its followers)")
+            raise BrokerError(Failure.BAD_REQUEST, f"REGISTER_BROKER: brokerId {header.brokerId} is not 0 (a "
+                                                   f"group's leader) to {MAX_BROKER_ID} (its followers)")
         epoch = header.epoch or 0
         current = self.table.leader(header.brokerName) if header.brokerId == 0 else None
         if current is not None and current.addr != header.brokerAddr and current.epoch > epoch:
             # A leader of an older epoch (one that was paused, or has not heard it was replaced) never takes the
             # route back from the group's newer leader.
-            raise BrokerError(ResponseCode.SYSTEM_ERROR, f"REGISTER_BROKER: broker group {header.brokerName} is led "
-                                                         f"by {current.addr} at epoch {current.epoch}, above "
-                                                         f"{epoch}")
+            raise BrokerError(Failure.BAD_REQUEST, f"REGISTER_BROKER: broker group {header.brokerName} is led "
+                                                   f"by {current.addr} at epoch {current.epoch}, above "
+                                                   f"{epoch}")
         topics = self._topics_of(header, cmd.body or b"")
         timeout_ms = header.heartbeatTimeoutMillis or 120_000
         entry = BrokerEntry(header.clusterName, header.brokerName, header.brokerId, header.brokerAddr, topics,
@@ -100,7 +100,7 @@ class NameServerProcessor:
         known = self.table.brokers.get((header.brokerName, header.brokerId))
         refused = self.table.register(entry)
         if refused:
-            raise BrokerError(ResponseCode.SYSTEM_ERROR, f"REGISTER_BROKER: {refused}")
+            raise BrokerError(Failure.BAD_REQUEST, f"REGISTER_BROKER: {refused}")
         if known is None or known.addr != entry.addr:
             log.info("broker %s (%s, cluster %s) registered with %d topics", header.brokerName, header.brokerAddr,
                      header.clusterName, len(topics))
@@ -113,17 +113,17 @@ class NameServerProcessor:
     def _topics_of(self, header: RegisterBrokerRequestHeader, body: bytes) -> dict[str, QueueData]:
         """The registration's topics (RegisterBrokerBody.topicConfigSerializeWrapper.topicConfigTable)."""
         if header.compressed:
-            raise BrokerError(ResponseCode.SYSTEM_ERROR, "REGISTER_BROKER: compressed bodies are not served; send "
-                                                         "the JSON body (compressed=false)")
+            raise BrokerError(Failure.BAD_REQUEST, "REGISTER_BROKER: compressed bodies are not served; send "
+                                                   "the JSON body (compressed=false)")
         if header.bodyCrc32 and zlib.crc32(body) & 0x7FFFFFFF != header.bodyCrc32 & 0x7FFFFFFF:
-            raise BrokerError(ResponseCode.SYSTEM_ERROR, "REGISTER_BROKER: the body does not match its bodyCrc32")
+            raise BrokerError(Failure.BAD_REQUEST, "REGISTER_BROKER: the body does not match its bodyCrc32")
         try:
             table = json.loads(body)["topicConfigSerializeWrapper"]["topicConfigTable"] if body else {}
             if not isinstance(table, dict):
                 raise TypeError("topicConfigTable is not an object")
             if len(table) > self.max_topics_per_broker:
-                raise BrokerError(ResponseCode.SYSTEM_ERROR, f"REGISTER_BROKER: {len(table)} topics, more than "
-                                                             f"namesrvMaxTopicsPerBroker {self.max_topics_per_broker}")
+                raise BrokerError(Failure.BAD_REQUEST, f"REGISTER_BROKER: {len(table)} topics, more than "
+                                                       f"namesrvMaxTopicsPerBroker {self.max_topics_per_broker}")
             topics = {}
             for name, config in table.items():
                 check_topic(name)
@@ -135,7 +135,7 @@ class NameServerProcessor:
         except BrokerError:
             raise
         except (ValueError, TypeError, KeyError) as exc:
-            raise BrokerError(ResponseCode.SYSTEM_ERROR, f"REGISTER_BROKER: malformed body: {exc}") from None
+            raise BrokerError(Failure.BAD_REQUEST, f"REGISTER_BROKER: malformed body: {exc}") from None
         return topics
 
     def unregister_broker(self, channel, cmd: RemotingCommand) -> RemotingCommand:

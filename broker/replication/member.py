@@ -245,7 +245,7 @@ class GroupMember:
                         ext.get("clusterName"), ext.get("brokerName"), cfg.brokerClusterName, cfg.brokerName)
             raise BrokerError(Failure.FORBIDDEN, f"this is broker group {cfg.brokerClusterName}/{cfg.brokerName}")
         if self.leader is None:
-            raise BrokerError(ResponseCode.SERVICE_NOT_AVAILABLE,
+            raise BrokerError(Failure.NOT_REPLICATED,
                               f"this broker does not lead its group; its leader is {self.leader_ha_addr or 'unknown'}")
         try:
             broker_id, epoch, seq = int(ext["brokerId"]), int(ext["epoch"]), int(ext["seq"])
@@ -308,8 +308,8 @@ class GroupMember:
         # Groups handed to the writer before the refusal: the last one's record must be durable and acknowledged.
         while leader.store.link.waiting or session.acked < leader.local:
             if loop.time() > deadline:
-                raise BrokerError(ResponseCode.SYSTEM_ERROR, f"follower {session.broker_id} did not catch up within "
-                                                             f"{SWITCH_TIMEOUT_S:.0f} s; the leadership stays here")
+                raise BrokerError(Failure.FOLLOWER_BEHIND, f"follower {session.broker_id} did not catch up within "
+                                                           f"{SWITCH_TIMEOUT_S:.0f} s; the leadership stays here")
             await leader.progress()
 
     async def _demote(self, new_id: int, leader_ha_addr: str) -> None:
