@@ -1,30 +1,26 @@
 """Send latency while retention deletes a million messages (issue 13).
 
-    python scripts/bench_retention.py --fill 1000000 --size 1024 --inflight 64 --duration 10
+    scripts/bench.py retention --fill 1000000 --size 1024 --inflight 64 --duration 10
 
 A broker process (SYNC_FLUSH, as deployed) over a temporary store is filled with ``--fill`` small messages, which
 then age past the retention (fileReservedTime=0.0001 h). Three phases of ``--inflight`` concurrent sends of
 ``--size`` bytes follow: without a sweep, during one retention pass (started with DELETE_EXPIRED_COMMITLOG, what
-mqadmin's deleteExpiredCommitLog sends) until it has deleted everything, and without a sweep again. The SUMMARY
-gives p99 of each phase and the ratio of the sweep's p99 to the quiet phases' (the goal: under 2).
+mqadmin's deleteExpiredCommitLog sends) until it has deleted everything, and without a sweep again. The figures
+give p99 of each phase and the ratio of the sweep's p99 to the quiet phases' (the goal: under 2).
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from halfmq.client import Message, MessageQueue, Producer
+from halfmq.client.admin import Admin
+from halfmq.protocol.codes import RequestCode
 
-from bench import Progress, Stats, percentile, run_main, start_broker, timed_loop  # noqa: E402
-
-from halfmq.client import Message, MessageQueue, Producer  # noqa: E402
-from halfmq.client.admin import Admin  # noqa: E402
-from halfmq.protocol.codes import RequestCode  # noqa: E402
+from .harness import run_main, start_broker, stop
+from .load import Progress, Stats, percentile, timed_loop
+from .results import Results
 
 FILL_TOPIC, SEND_TOPIC = "RetentionFill", "RetentionBench"
 BATCH = 256
@@ -64,7 +60,7 @@ async def phase(name: str, producer: Producer, args, until: asyncio.Future | Non
     return stats
 
 
-async def main_async(args) -> None:
+async def main_async(args, results: Results) -> None:
     proc, ready = await start_broker("--logLevel=WARNING", "--fileReservedTime=0.0001",
                                      "--cleanResourceInterval=3600000", "--metricsPromExporterPort=-1",
                                      f"--maxMapSize={64 << 30}")
@@ -75,36 +71,33 @@ async def main_async(args) -> None:
         async with Producer("BENCH_PG", namesrv) as producer, Admin(namesrv, timeout=3600) as admin:
             await producer.send(Message(SEND_TOPIC, b"create"))
             before = await phase("quiet-before", producer, args)
-            before.summary(size=args.size, inflight=args.inflight)
+            before.summary(results, size=args.size, inflight=args.inflight)
             started = time.perf_counter()
             sweep = asyncio.ensure_future(admin.json_call(await admin.broker_addr(),
                                                           RequestCode.DELETE_EXPIRED_COMMITLOG))
             during = await phase("during-sweep", producer, args, until=sweep)
             result = sweep.result()
             swept = time.perf_counter() - started
-            during.summary(size=args.size, inflight=args.inflight)
+            during.summary(results, size=args.size, inflight=args.inflight)
             after = await phase("quiet-after", producer, args)
-            after.summary(size=args.size, inflight=args.inflight)
+            after.summary(results, size=args.size, inflight=args.inflight)
         quiet = percentile(before.latencies + after.latencies, 99)
         loud = percentile(during.latencies, 99)
-        print(f"SUMMARY mode=retention deleted={result['deleted']:,} sweep_s={swept:.1f} "
-              f"deleted_per_s={result['deleted'] / swept:,.0f} p99_quiet_ms={quiet * 1000:.2f} "
-              f"p99_sweep_ms={loud * 1000:.2f} ratio={loud / quiet:.2f} (goal < 2)", flush=True)
+        results.add_all({"deleted": (result["deleted"], "msg"), "sweep_s": (swept, "s"),
+                         "deleted_per_s": (result["deleted"] / swept, "msg/s"), "p99_quiet_ms": (quiet * 1000, "ms"),
+                         "p99_sweep_ms": (loud * 1000, "ms"), "sweep_quiet_p99_ratio": (loud / quiet, "goal < 2")},
+                        mode="retention", size=args.size, inflight=args.inflight)
     finally:
-        if proc.returncode is None:
-            proc.terminate()
-            await proc.wait()
+        await stop([proc])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser) -> None:
     parser.add_argument("--fill", type=int, default=1_000_000, help="messages to fill and then delete (%(default)s)")
     parser.add_argument("--fill-size", type=int, default=100, help="bytes per filled message (%(default)s)")
     parser.add_argument("--size", type=int, default=1024, help="bytes per measured send (%(default)s)")
     parser.add_argument("--inflight", type=int, default=64, help="concurrent sends (%(default)s)")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds of each quiet phase (%(default)s)")
-    run_main(main_async(parser.parse_args()))
 
 
-if __name__ == "__main__":
-    main()
+def run(args, results: Results) -> None:
+    run_main(main_async(args, results))

@@ -1,7 +1,7 @@
 """Aggregate durable sends/s of a cluster of 1 broker against 2 (or any counts), on this machine, in one run.
 
-    python scripts/bench_cluster.py                     # 1 and 2 brokers, 3 rounds of 5 s each, 2 client processes
-    python scripts/bench_cluster.py --brokers 1 2 3 --rounds 5 --duration 10 --clients 3
+    scripts/bench.py cluster                     # 1 and 2 brokers, 3 rounds of 5 s each, 2 client processes
+    scripts/bench.py cluster --brokers 1 2 3 --rounds 5 --duration 10 --clients 3
 
 Each run starts a name server and N brokers (SYNC_FLUSH: every send acknowledged once synced; each broker on a
 temporary store), creates the topic on every broker, then starts ``--clients`` client processes that each send
@@ -13,8 +13,6 @@ Clients and brokers share this machine's cores, so beside sends/s each run print
 of the brokers with their writer processes, and of the clients (their own measure of the sending window), and how
 many cores they kept busy together: where the machine is the limit, CPU per message says what another broker
 costs or saves. It ends with each configuration's medians and their ratio to the first configuration.
-
-Reuses scripts/bench.py's start_broker, Stats, timed_loop, run_main and CPU readers.
 """
 from __future__ import annotations
 
@@ -25,19 +23,16 @@ import json
 import os
 import statistics
 import subprocess
-import signal
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from halfmq.client import Message, Producer
+from halfmq.client.admin import Admin
+from halfmq.client.errors import TopicNotExistError
 
-import bench  # noqa: E402 - scripts/bench.py, which also puts the repository on sys.path
-
-from halfmq.broker.local_cluster import NAMESRV_READY, Member  # noqa: E402
-from halfmq.client import Message, Producer  # noqa: E402
-from halfmq.client.admin import Admin  # noqa: E402
-from halfmq.client.errors import TopicNotExistError  # noqa: E402
+from .harness import child_pids, cpu_seconds, helper, run_main, start_broker, start_namesrv, stop
+from .load import Stats, percentile, timed_loop
+from .results import Results
 
 TOPIC = "BenchClusterTopic"
 GROUP = "BENCH_CLUSTER_PG"
@@ -59,19 +54,19 @@ async def client(args) -> None:
         async def send() -> None:
             per_broker[(await producer.send(Message(TOPIC, body))).queue.broker_name] += 1
 
-        stats = bench.Stats("client")
+        stats = Stats("client")
         cpu = time.process_time()
-        await bench.timed_loop(args.inflight, args.duration, send, stats)
+        await timed_loop(args.inflight, args.duration, send, stats)
         cpu = time.process_time() - cpu
     print("RESULT " + json.dumps({"count": stats.count, "errors": stats.errors, "cpu": cpu,
                                   "elapsed": stats.finished - stats.started, "per_broker": per_broker,
-                                  "p50_ms": bench.percentile(stats.latencies, 50) * 1000,
-                                  "p99_ms": bench.percentile(stats.latencies, 99) * 1000}), flush=True)
+                                  "p50_ms": percentile(stats.latencies, 50) * 1000,
+                                  "p99_ms": percentile(stats.latencies, 99) * 1000}), flush=True)
 
 
 def server_cpu(brokers: list[asyncio.subprocess.Process]) -> float:
     """CPU seconds so far of the brokers and their helper processes (the store's writer)."""
-    return sum(bench.cpu_seconds(b.pid) + sum(map(bench.cpu_seconds, bench.child_pids(b.pid))) for b in brokers)
+    return sum(cpu_seconds(b.pid) + sum(map(cpu_seconds, child_pids(b.pid))) for b in brokers)
 
 
 async def wait_for(check, timeout: float, what: str) -> None:
@@ -84,16 +79,14 @@ async def wait_for(check, timeout: float, what: str) -> None:
 
 async def one_run(args, broker_count: int) -> dict:
     """A name server and ``broker_count`` brokers, loaded by the clients; the figures of the sending window."""
-    folder = bench.temp_store("halfmq-bench-cluster-")  # removed with the brokers' stores at the end
-    namesrv = Member("namesrv", [sys.executable, "-m", "halfmq.broker.cli", "namesrv", "--bindAddress=127.0.0.1",
-                                 "--listenPort=0"], Path(folder) / "namesrv.log", NAMESRV_READY)
+    namesrv = None
     brokers: list[asyncio.subprocess.Process] = []
     clients: list[asyncio.subprocess.Process] = []
     try:
-        addr = (await namesrv.start(30)).group(1).decode()
-        started = await asyncio.gather(*(bench.start_broker(
+        namesrv, addr = await start_namesrv()
+        started = await asyncio.gather(*(start_broker(
             f"--namesrvAddr={addr}", f"--brokerName=broker-{j}", "--brokerClusterName=BenchCluster",
-            "--metricsPromExporterPort=-1", "--logLevel=WARNING") for j in range(broker_count)))
+            "--metricsPromExporterPort=-1", "--logLevel=WARNING", "--haListenPort=0") for j in range(broker_count)))
         brokers = [proc for proc, _ in started]
         async with Admin(addr) as admin:
             async def registered() -> bool:
@@ -108,8 +101,8 @@ async def one_run(args, broker_count: int) -> dict:
                     return False
                 return len({q["brokerName"] for q in route["queueDatas"]}) == broker_count
             await wait_for(routed, 30, f"the route of {TOPIC} lists every broker")
-        command = [sys.executable, __file__, "client", f"--namesrv={addr}", f"--duration={args.duration}",
-                   f"--inflight={args.inflight}", f"--size={args.size}"]
+        command = helper("cluster", "--helper-client", f"--namesrv={addr}", f"--duration={args.duration}",
+                         f"--inflight={args.inflight}", f"--size={args.size}")
         clients = [await asyncio.create_subprocess_exec(*command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
                    for _ in range(args.clients)]
         for proc in clients:
@@ -133,10 +126,7 @@ async def one_run(args, broker_count: int) -> dict:
             if proc.returncode is None:
                 proc.kill()
             await proc.wait()
-        for proc in brokers:
-            proc.send_signal(signal.SIGTERM)
-            await proc.wait()
-        await namesrv.stop(30)
+        await stop(([namesrv] if namesrv else []) + brokers)
     count = sum(r["count"] for r in results)
     clients_cpu = sum(r["cpu"] for r in results)
     spread = collections.Counter()
@@ -150,7 +140,7 @@ async def one_run(args, broker_count: int) -> dict:
             "spread": " ".join(f"{name}:{n / count:.0%}" for name, n in sorted(spread.items()))}
 
 
-async def compare(args) -> None:
+async def compare(args, results: Results) -> None:
     runs: dict[int, list[dict]] = {n: [] for n in args.brokers}
     for round_no in range(1, args.rounds + 1):
         # Every other round in reverse: neither configuration always runs first after a quiet spell.
@@ -165,33 +155,31 @@ async def compare(args) -> None:
     for n, rs in runs.items():
         median = {k: statistics.median(r[k] for r in rs)
                   for k in ("sends_per_s", "p50_ms", "p99_ms", "server_us", "client_us", "cores_busy")}
-        print(f"SUMMARY brokers={n} clients={args.clients} inflight={args.inflight} size={args.size} "
-              f"rounds={args.rounds} duration_s={args.duration:g} median_sends_per_s={median['sends_per_s']:,.0f} "
-              f"ratio={median['sends_per_s'] / base:.2f} p50_ms={median['p50_ms']:.2f} p99_ms={median['p99_ms']:.2f} "
-              f"cpu_us_per_msg_brokers_writers={median['server_us']:.0f} "
-              f"cpu_us_per_msg_clients={median['client_us']:.0f} cores_busy={median['cores_busy']:.2f} "
-              f"cores_here={os.cpu_count()}", flush=True)
+        results.add_all({"median_sends_per_s": (median["sends_per_s"], "msg/s"),
+                         "ratio": (median["sends_per_s"] / base, ""), "p50_ms": (median["p50_ms"], "ms"),
+                         "p99_ms": (median["p99_ms"], "ms"),
+                         "cpu_us_per_msg_brokers_writers": (median["server_us"], "us/msg"),
+                         "cpu_us_per_msg_clients": (median["client_us"], "us/msg"),
+                         "cores_busy": (median["cores_busy"], f"of {os.cpu_count()}")},
+                        brokers=n, clients=args.clients, inflight=args.inflight, size=args.size, rounds=args.rounds,
+                        duration_s=args.duration)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", nargs="?", default="compare", choices=["compare", "client"],
-                        help="compare (the default) runs everything; client is one client process it starts")
+def add_arguments(parser) -> None:
     parser.add_argument("--brokers", type=int, nargs="+", default=[1, 2], help="broker counts to compare")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration", type=float, default=5.0, help="seconds of sending per run")
     parser.add_argument("--clients", type=int, default=2, help="client processes per run")
     parser.add_argument("--inflight", type=int, default=64, help="sends in flight per client")
     parser.add_argument("--size", type=int, default=1024, help="message body bytes")
-    parser.add_argument("--namesrv", help="client mode: the name server")
-    args = parser.parse_args()
+    parser.add_argument("--namesrv", help=argparse.SUPPRESS)
+    parser.add_argument("--helper-client", action="store_true", help=argparse.SUPPRESS)
+
+
+def run(args, results: Results) -> None:
     if min(args.brokers) < 1 or args.rounds < 1 or args.clients < 1 or args.duration <= 0:
-        parser.error("--brokers, --rounds and --clients must be at least 1, --duration positive")
-    if args.mode == "client":
-        bench.run_main(client(args))
+        raise SystemExit("--brokers, --rounds and --clients must be at least 1, --duration positive")
+    if args.helper_client:  # one client process the benchmark starts
+        run_main(client(args))
     else:
-        bench.run_main(compare(args))
-
-
-if __name__ == "__main__":
-    main()
+        run_main(compare(args, results))

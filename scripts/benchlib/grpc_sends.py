@@ -1,7 +1,7 @@
 """gRPC sends/s beside remoting sends/s against one broker, in the same run (issue 15).
 
-    python scripts/bench_grpc.py --size 1024 --inflight 64 --duration 10 --rounds 3
-    python scripts/bench_grpc.py --trees /tmp/base . --rounds 3   # two checkouts' brokers, in turn
+    scripts/bench.py grpc --size 1024 --inflight 64 --duration 10 --rounds 3
+    scripts/bench.py grpc --trees main . --rounds 3   # two checkouts' brokers (a folder or a revision), in turn
 
 Starts a broker subprocess per checkout (SYNC_FLUSH, free ports, a temporary store), then, ``--rounds`` times and
 for each broker in turn, measures remoting sends with halfmq's asyncio Producer and gRPC SendMessage calls (what
@@ -16,25 +16,18 @@ links to them) with this checkout's venv.
 """
 from __future__ import annotations
 
-import argparse
 import os
-import shutil
 import statistics
-import sys
-import tempfile
-import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import grpc
 
-import grpc  # noqa: E402
+from halfmq.broker.grpc.schema import SERVICE, Code, MessageType, pb
+from halfmq.client import Message, Producer
 
-from bench import Stats, cpu_seconds, child_pids, run_main, start_broker, timed_loop  # noqa: E402
-from halfmq.broker.grpc.schema import SERVICE, Code, MessageType, pb  # noqa: E402
-from halfmq.client import Message, Producer  # noqa: E402
-
-HERE = Path(__file__).resolve().parents[1]
+from .harness import (REPO, child_pids, cpu_seconds, grpc_endpoint, has, run_main, start_broker, stop, temp_store,
+                      tree as checkout, tree_env)
+from .load import Stats, timed_loop
+from .results import Results, revision
 
 
 def send_requests(topic: str, size: int, count: int) -> list[bytes]:
@@ -104,39 +97,19 @@ async def measured(pid: int, run) -> tuple[float, float, float, float]:
     return stats.count / (stats.finished - stats.started), *per_send
 
 
-def package_path(tree: Path, scratch: str) -> dict[str, str]:
-    """The environment importing ``halfmq`` from ``tree``: a folder of links named as the packages are mapped."""
-    if tree == HERE:
-        return {}
-    root = Path(tempfile.mkdtemp(prefix="halfmq-tree-", dir=scratch))
-    (root / "halfmq").mkdir()
-    for package in tree.iterdir():
-        if (package / "__init__.py").is_file():
-            (root / "halfmq" / package.name).symlink_to(package)
-    return {"PYTHONPATH": str(root)}
+async def start_tree_broker(spec: str):
+    """(tree, process, namesrv address, gRPC endpoint) of a broker running checkout ``spec``'s code."""
+    tree = checkout(spec)
+    proc, ready = await start_broker("--metricsPromExporterPort=-1", "--grpcListenPort=0", "--logLevel=WARNING",
+                                     dashboard=has(tree, "dashboard"), env=tree_env(tree, temp_store()))
+    return spec, proc, ready.group(2).decode(), grpc_endpoint(ready)
 
 
-async def start_tree_broker(tree: str, scratch: str):
-    """(tree, process, namesrv address, gRPC endpoint) of a broker running ``tree``'s code."""
-    saved = os.environ.get("PYTHONPATH")
-    os.environ.update(package_path(Path(tree).resolve(), scratch))  # the broker inherits it
-    try:
-        proc, ready = await start_broker("--metricsPromExporterPort=-1", "--grpcListenPort=0", "--logLevel=WARNING",
-                                         dashboard=(Path(tree) / "dashboard").is_dir())
-    finally:
-        if saved is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = saved
-    return tree, proc, ready.group(2).decode(), ready.string.decode().split(" grpc ")[1].split()[0]
-
-
-async def main_async(args) -> None:
+async def main_async(args, figures: Results) -> None:
     brokers = []
-    scratch = tempfile.mkdtemp(prefix="halfmq-bench-grpc-")
     try:
         for tree in args.trees:
-            brokers.append(await start_tree_broker(tree, scratch))
+            brokers.append(await start_tree_broker(tree))
         requests = send_requests(args.topic + "Grpc", args.size, 4096)
         results: dict[str, list[tuple[float, ...]]] = {tree: [] for tree in args.trees}
         for round_no in range(1, args.rounds + 1):
@@ -152,29 +125,27 @@ async def main_async(args) -> None:
             tps_r, main_r, helpers_r, client_r, tps_g, main_g, helpers_g, client_g = (
                 statistics.median(column) for column in zip(*rows, strict=True))
             ratios = [row[4] / row[0] for row in rows]
-            print(f"RESULT tree={tree} rounds={args.rounds} remoting_tps={tps_r:,.0f} grpc_tps={tps_g:,.0f} "
-                  f"grpc/remoting={statistics.median(ratios):.0%} (per round: "
-                  f"{' '.join(f'{r:.0%}' for r in ratios)}) cpu_us_per_send (broker+writer, client): "
-                  f"remoting={main_r:.0f}+{helpers_r:.0f}, {client_r:.0f} grpc={main_g:.0f}+{helpers_g:.0f}, "
-                  f"{client_g:.0f} size={args.size} inflight={args.inflight}", flush=True)
+            figures.add_all({
+                "remoting_tps": (tps_r, "msg/s"), "grpc_tps": (tps_g, "msg/s"),
+                "grpc_remoting_ratio": (statistics.median(ratios), " ".join(f"{r:.0%}" for r in ratios)),
+                "remoting_broker_cpu_us": (main_r, "us/msg"), "remoting_writer_cpu_us": (helpers_r, "us/msg"),
+                "remoting_client_cpu_us": (client_r, "us/msg"), "grpc_broker_cpu_us": (main_g, "us/msg"),
+                "grpc_writer_cpu_us": (helpers_g, "us/msg"), "grpc_client_cpu_us": (client_g, "us/msg")},
+                revision(checkout(tree)), tree=tree, rounds=args.rounds, size=args.size, inflight=args.inflight)
     finally:
-        for _tree, proc, _namesrv, _endpoint in brokers:
-            proc.terminate()
-            await proc.wait()
-        shutil.rmtree(scratch, ignore_errors=True)
+        await stop([proc for _tree, proc, _namesrv, _endpoint in brokers])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser) -> None:
     parser.add_argument("--topic", default="BenchTopic")
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--inflight", type=int, default=64)
     parser.add_argument("--duration", type=float, default=10.0, help="seconds of each run")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each side, alternated")
-    parser.add_argument("--trees", nargs="+", default=[str(HERE)],
-                        help="checkouts whose brokers are measured in turn (default: this one)")
-    run_main(main_async(parser.parse_args()))
+    parser.add_argument("--trees", nargs="+", default=[str(REPO)],
+                        help="checkouts whose brokers are measured in turn, each a folder or a git revision "
+                             "(default: this one)")
 
 
-if __name__ == "__main__":
-    main()
+def run(args, results: Results) -> None:
+    run_main(main_async(args, results))

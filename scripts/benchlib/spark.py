@@ -6,49 +6,31 @@ once, in the same run) read into `noop`. Passes alternate between the two so bot
 ratio of the medians is the figure to compare. The broker runs in its own process, as deployed; Spark is
 `local[2]` on the same machine.
 
-    python scripts/bench_spark.py --messages 300000 --size 1024
+    scripts/bench.py spark --messages 300000 --size 1024
+    scripts/bench.py spark --sink --alternate main HEAD --pairs 4
 
-``--alternate OLD NEW`` runs this benchmark (one timed pass each) of checkout OLD, then NEW, ``--pairs`` times,
-each with its own .venv and broker, and prints each checkout's median rows/s and NEW's rows/s over OLD's, pair by
-pair and their median (the machine's speed drifts over minutes; a pair's runs are a minute apart).
+``--alternate OLD NEW`` runs this benchmark (one timed pass each) with the code of checkout OLD, then NEW (each a
+folder, run with its .venv when it has one, or a revision), ``--pairs`` times, each with its own broker, and gives
+each checkout's median rows/s and NEW's rows/s over OLD's, pair by pair and their median (the machine's speed
+drifts over minutes; a pair's runs are a minute apart).
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from halfmq.client import Message, MessageQueue, Producer, PullConsumer
+from tests.support.local_spark import local_spark
 
-from halfmq.client import Message, MessageQueue, Producer, PullConsumer  # noqa: E402
-from tests.support.local_spark import local_spark  # noqa: E402
-
-READY = re.compile(r"halfmq ready: broker (\S+) namesrv (\S+)")
-
-
-def start_broker(store: str) -> tuple[subprocess.Popen, str]:
-    """The broker in its own process, started as `halfmq broker` is (its own GIL, uvloop), on free ports."""
-    proc = subprocess.Popen([sys.executable, "-m", "halfmq.broker.cli", "broker", "--bindAddress=127.0.0.1",
-                             "--listenPort=0", "--namesrvListenPort=0", "--metricsPromExporterPort=-1",
-                             "--grpcListenPort=-1", "--dashboardPort=-1", f"--storePathRootDir={store}", "--logLevel=WARNING"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for line in proc.stdout:
-        match = READY.search(line)
-        if match:
-            # Keep reading its output, so a chatty broker never blocks on a full pipe.
-            threading.Thread(target=proc.stdout.read, daemon=True).start()
-            return proc, match.group(2)
-    raise SystemExit("the broker exited before it was ready")
-
+from .harness import (ENTRY, drain, remove_temp_stores, run_main, start_broker, stop, temp_store, tree as checkout,
+                      tree_command)
+from .results import Results, revision
 
 async def fill(namesrv: str, topic: str, count: int, size: int, queues: int) -> int:
     body = os.urandom(size)
@@ -70,7 +52,7 @@ def timed(write) -> float:
     return time.perf_counter() - started
 
 
-def bench_source(spark, namesrv: str, total: int, args) -> None:
+def bench_source(spark, namesrv: str, total: int, args, results: Results) -> None:
     """Source → noop against parquet → noop of the same rows, alternating, medians and their ratio."""
     reader = spark.read.format("halfmq").option("namesrv", namesrv).option("subscribe", "SparkBench")
     if args.min_partitions:
@@ -88,12 +70,12 @@ def bench_source(spark, namesrv: str, total: int, args) -> None:
                   flush=True)
     # Medians of the timed passes: the JVM keeps compiling through the first ones, and this machine is noisy.
     source_rate, parquet_rate = statistics.median(source_rates), statistics.median(parquet_rates)
-    print(f"SUMMARY mode=source messages={total} size={args.size} passes={args.passes} "
-          f"minPartitions={args.min_partitions or 'unset'} source_rows_per_s={source_rate:,.0f} "
-          f"parquet_rows_per_s={parquet_rate:,.0f} ratio={source_rate / parquet_rate:.2f}", flush=True)
+    results.add_all({"source_rows_per_s": (source_rate, "rows/s"), "parquet_rows_per_s": (parquet_rate, "rows/s"),
+                     "ratio": (source_rate / parquet_rate, "")}, mode="source", messages=total, size=args.size,
+                    passes=args.passes, minPartitions=args.min_partitions or "unset")
 
 
-def bench_sink(spark, namesrv: str, args) -> None:
+def bench_sink(spark, namesrv: str, args, results: Results) -> None:
     """The halfmq sink against a parquet write of the same rows, alternating, medians and their ratio."""
     from pyspark.sql import functions as F
 
@@ -113,55 +95,59 @@ def bench_sink(spark, namesrv: str, args) -> None:
             print(f"pass {number}: sink {sink_rates[-1]:,.0f} rows/s, parquet write {parquet_rates[-1]:,.0f} rows/s",
                   flush=True)
     sink_rate, parquet_rate = statistics.median(sink_rates), statistics.median(parquet_rates)
-    print(f"SUMMARY mode=sink rows={rows} size={args.size} passes={args.passes} sink_rows_per_s={sink_rate:,.0f} "
-          f"parquet_write_rows_per_s={parquet_rate:,.0f} ratio={sink_rate / parquet_rate:.2f}", flush=True)
+    results.add_all({"sink_rows_per_s": (sink_rate, "rows/s"), "parquet_write_rows_per_s": (parquet_rate, "rows/s"),
+                     "ratio": (sink_rate / parquet_rate, "")}, mode="sink", rows=rows, size=args.size,
+                    passes=args.passes)
 
 
-def run_sink(args, namesrv: str, scratch: str) -> None:
+def run_sink(args, results: Results, namesrv: str, scratch: str) -> None:
     spark = local_spark("halfmq-bench-sink", scratch)
-    bench_sink(spark, namesrv, args)
+    bench_sink(spark, namesrv, args, results)
     spark.stop()
 
 
 PASS_LINE = re.compile(r"pass 1: (?:sink|source) ([\d,]+) rows/s, parquet(?: write)? ([\d,]+) rows/s")
 
 
-def alternate(args) -> None:
-    """One timed pass of each checkout's own benchmark in turn (its .venv, its broker), ``--pairs`` times."""
-    old, new = (os.path.abspath(tree) for tree in args.alternate)
+def alternate(args, results: Results) -> None:
+    """One timed pass of this benchmark with each checkout's code in turn (its .venv, its broker), ``--pairs``
+    times."""
+    old, new = args.alternate
     if old == new:
         raise SystemExit("--alternate needs two different checkouts")
+    folders = {spec: checkout(spec) for spec in (old, new)}
     rates: dict[str, list[tuple[float, float]]] = {old: [], new: []}
     for pair in range(1, args.pairs + 1):
-        for tree in (old, new):
-            python = os.path.join(tree, ".venv", "bin", "python")
-            cmd = [python if os.path.exists(python) else sys.executable,
-                   os.path.join(tree, "scripts", "bench_spark.py"), f"--messages={args.messages}", f"--size={args.size}", f"--queues={args.queues}", "--passes=1"]
+        for spec in (old, new):
+            python, env = tree_command(folders[spec])
+            cmd = [python, str(ENTRY), "spark", f"--messages={args.messages}", f"--size={args.size}",
+                   f"--queues={args.queues}", "--passes=1"]
             if args.sink:
                 cmd.append("--sink")
             if args.min_partitions:
                 cmd.append(f"--min-partitions={args.min_partitions}")
-            out = subprocess.run(cmd, cwd=tree, capture_output=True, text=True)
-            match = PASS_LINE.search(out.stdout)
+            out = subprocess.run(cmd, cwd=folders[spec], capture_output=True, text=True,
+                                 env={**os.environ, **env} if env else None)
+            match = PASS_LINE.search(out.stderr)  # a pass's progress line
             if out.returncode or match is None:
-                raise SystemExit(f"the run of {tree} failed (exit {out.returncode}):\n{out.stdout[-2000:]}"
+                raise SystemExit(f"the run of {spec} failed (exit {out.returncode}):\n{out.stdout[-2000:]}"
                                  f"{out.stderr[-2000:]}")
             rows, parquet = (float(g.replace(",", "")) for g in match.groups())
-            rates[tree].append((rows, parquet))
-            print(f"[pair {pair}] {tree}: {rows:,.0f} rows/s, parquet {parquet:,.0f} rows/s", flush=True)
+            rates[spec].append((rows, parquet))
+            print(f"[pair {pair}] {spec}: {rows:,.0f} rows/s, parquet {parquet:,.0f} rows/s", flush=True)
         print(f"[pair {pair}] ratio {rates[new][-1][0] / rates[old][-1][0]:.2f}", flush=True)
     paired = statistics.median(n[0] / o[0] for n, o in zip(rates[new], rates[old]))
     for tree in (old, new):
         median = statistics.median(r for r, _p in rates[tree])
-        print(f"SUMMARY mode=alternate kind={'sink' if args.sink else 'source'} tree={tree} pairs={args.pairs} "
-              f"median_rows_per_s={median:,.0f} "
-              f"median_parquet_rows_per_s={statistics.median(p for _r, p in rates[tree]):,.0f} "
-              f"ratio={median / statistics.median(r for r, _p in rates[old]):.2f} "
-              f"paired_ratio={paired if tree == new else 1.0:.2f}", flush=True)
+        results.add_all({"median_rows_per_s": (median, "rows/s"),
+                         "median_parquet_rows_per_s": (statistics.median(p for _r, p in rates[tree]), "rows/s"),
+                         "ratio": (median / statistics.median(r for r, _p in rates[old]), ""),
+                         "paired_ratio": (paired if tree == new else 1.0, "")},
+                        revision(folders[tree]), mode="alternate", kind="sink" if args.sink else "source", tree=tree,
+                        pairs=args.pairs)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser) -> None:
     parser.add_argument("--messages", type=int, default=300_000)
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--queues", type=int, default=4)
@@ -172,32 +158,38 @@ def main() -> None:
     parser.add_argument("--alternate", nargs=2, metavar=("OLD", "NEW"),
                         help="compare two checkouts: one timed pass of each in turn, --pairs times")
     parser.add_argument("--pairs", type=int, default=4, help="--alternate: how many pairs of runs")
-    args = parser.parse_args()
+
+
+def run(args, results: Results) -> None:
     if args.alternate:
-        return alternate(args)
+        try:
+            return alternate(args, results)
+        finally:
+            remove_temp_stores()  # the checkouts of revisions
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    with tempfile.TemporaryDirectory(prefix="halfmq-bench-spark-") as store, \
-            tempfile.TemporaryDirectory(prefix="halfmq-bench-spark-scratch-", ignore_cleanup_errors=True) as scratch:
-        broker, namesrv = start_broker(store)
-        try:
-            run(args, namesrv, scratch)
-        finally:
-            broker.send_signal(signal.SIGTERM)
-            broker.wait(30)
+    run_main(main_async(args, results))
 
 
-def run(args, namesrv: str, scratch: str) -> None:
-    if args.sink:
-        return run_sink(args, namesrv, scratch)
-    started = time.perf_counter()
-    total = asyncio.run(fill(namesrv, "SparkBench", args.messages, args.size, args.queues))
-    print(f"filled {total:,} messages in {time.perf_counter() - started:.1f} s", flush=True)
+async def main_async(args, results: Results) -> None:
+    """The broker in its own process, as deployed (its own GIL, uvloop); Spark in a thread of this one, so that the
+    broker's output is read meanwhile (a full pipe would block it)."""
+    proc, ready = await start_broker("--metricsPromExporterPort=-1", "--logLevel=WARNING")
+    reading = asyncio.get_running_loop().create_task(drain(proc))
+    namesrv, scratch = ready.group(2).decode(), temp_store("halfmq-bench-spark-scratch-")
+    try:
+        if args.sink:
+            return await asyncio.to_thread(run_sink, args, results, namesrv, scratch)
+        started = time.perf_counter()
+        total = await fill(namesrv, "SparkBench", args.messages, args.size, args.queues)
+        print(f"filled {total:,} messages in {time.perf_counter() - started:.1f} s", flush=True)
+        await asyncio.to_thread(run_source, args, results, namesrv, total, scratch)
+    finally:
+        reading.cancel()
+        await stop([proc])
 
+
+def run_source(args, results: Results, namesrv: str, total: int, scratch: str) -> None:
     spark = local_spark("halfmq-bench-source", scratch)
-    bench_source(spark, namesrv, total, args)
+    bench_source(spark, namesrv, total, args, results)
     spark.stop()
-
-
-if __name__ == "__main__":
-    main()

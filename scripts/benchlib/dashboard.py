@@ -2,8 +2,8 @@
 1,000 topics, 1,000 consumer groups and 100,000 pending halves, and how long the broker's event loop stalls
 meanwhile.
 
-    python scripts/bench_dashboard.py                                      # the issue's figures
-    python scripts/bench_dashboard.py --topics 100 --groups 100 --halves 10000 --samples 20   # a quick run
+    scripts/bench.py dashboard                                      # the issue's figures
+    scripts/bench.py dashboard --topics 100 --groups 100 --halves 10000 --samples 20   # a quick run
 
 A broker subprocess (ASYNC_FLUSH, a temporary store, its dashboard on a free port, transactionTimeOut of an hour
 so the halves stay pending) is filled: topics with a few messages each, consumer groups (subscription groups with an
@@ -19,7 +19,7 @@ committed and rolled back transactions of a few producer groups. Then:
    requests already may, (c) as many HTTP clients ask the dashboard's pages back to back. The dashboard runs in the
    broker's process, on its event loop: (c) should stall the probe no longer than (b).
 
-The figures print as tables; ``--json FILE`` also writes them.
+Figures: each page's first, p50, p99 and max answer time (ms), each event loop phase's p50, p99 and max.
 """
 from __future__ import annotations
 
@@ -28,22 +28,19 @@ import asyncio
 import json
 import os
 import re
-import sys
 import time
-from pathlib import Path
 
 import aiohttp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from halfmq.client import LocalTransactionState, Message, Producer, TransactionProducer
+from halfmq.client.admin import Admin
+from halfmq.client.remoting import ConnectionPool
+from halfmq.protocol.codes import RequestCode
+from halfmq.protocol.headers import HalfStatusRequestHeader, QueueRequestHeader, UpdateConsumerOffsetRequestHeader
 
-import bench  # noqa: E402 - scripts/bench.py, which also puts the repository on sys.path
-
-from halfmq.client import LocalTransactionState, Message, Producer, TransactionProducer  # noqa: E402
-from halfmq.client.admin import Admin  # noqa: E402
-from halfmq.client.remoting import ConnectionPool  # noqa: E402
-from halfmq.protocol.codes import RequestCode  # noqa: E402
-from halfmq.protocol.headers import (HalfStatusRequestHeader, QueueRequestHeader,  # noqa: E402
-                                     UpdateConsumerOffsetRequestHeader)
+from .harness import drain, helper, run_main, start_broker, stop
+from .load import Progress, percentile
+from .results import Results
 
 TARGET_MS = 200.0
 DASHBOARD = re.compile(rb" dashboard (\S+)")
@@ -66,7 +63,7 @@ async def gather_bounded(inflight: int, jobs, label: str, total: int) -> None:
             await job
             done += 1
 
-    async with bench.Progress(label, lambda: done, total):
+    async with Progress(label, lambda: done, total):
         await asyncio.gather(*(worker() for _ in range(inflight)))
 
 
@@ -168,7 +165,7 @@ async def deep_cursors(namesrv: str) -> dict:
 
 
 def stats(values: list[float]) -> dict:
-    return {"n": len(values), "p50": bench.percentile(values, 50) * 1000, "p99": bench.percentile(values, 99) * 1000,
+    return {"n": len(values), "p50": percentile(values, 50) * 1000, "p99": percentile(values, 99) * 1000,
             "max": max(values, default=0) * 1000}
 
 
@@ -197,10 +194,10 @@ async def probe(args) -> None:
     """The probe process: GET_MAX_OFFSET to the broker every PROBE_EVERY_S for --seconds; prints its answer times
     (JSON, seconds) on one line."""
     pool = ConnectionPool()
-    conn = await pool.get(args.broker)
+    conn = await pool.get(args.helper_probe)
     ext = QueueRequestHeader(topic=args.topic, queueId=0).to_ext()
     times = []
-    deadline = time.perf_counter() + args.seconds
+    deadline = time.perf_counter() + args.probe_seconds
     while time.perf_counter() < deadline:
         t0 = time.perf_counter()
         await conn.request(RequestCode.GET_MAX_OFFSET, ext, timeout=30)
@@ -213,7 +210,7 @@ async def probe(args) -> None:
 async def probed(broker: str, topic: str, seconds: float, load=None) -> list[float]:
     """The probe's answer times (s) while ``load()`` (a coroutine function, cancelled when the probe ends) runs."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, __file__, "probe", "--broker", broker, "--topic", topic, "--seconds", str(seconds),
+        *helper("dashboard", "--helper-probe", broker, "--topic", topic, "--probe-seconds", str(seconds)),
         stdout=asyncio.subprocess.PIPE)
     task = asyncio.get_running_loop().create_task(load()) if load else None
     try:
@@ -249,13 +246,13 @@ async def hammer(http: aiohttp.ClientSession, base: str, paths: list[str], clien
 
 
 # --- the run ---
-async def run(args) -> None:
-    proc, ready = await bench.start_broker(
+async def main_async(args, results: Results) -> None:
+    proc, ready = await start_broker(
         "--dashboardPort=0", "--flushDiskType=ASYNC_FLUSH", "--logLevel=WARNING", "--transactionTimeOut=3600000",
         "--metricsPromExporterPort=-1", "--mapSize=4294967296")
     broker_addr, namesrv = ready.group(1).decode(), ready.group(2).decode()
     base = "http://" + DASHBOARD.search(ready.string).group(1).decode()
-    drain = asyncio.get_running_loop().create_task(_drain(proc))
+    reading = asyncio.get_running_loop().create_task(drain(proc))  # a full pipe would stall its logging
     try:
         samples = await fill(args, namesrv, broker_addr)
         paths = endpoints(samples, await deep_cursors(namesrv))
@@ -279,37 +276,28 @@ async def run(args) -> None:
                 ("dashboard, one request at a time (the timing above)", while_timed),
                 (f"dashboard, {args.clients} clients back to back",
                  await probed(broker_addr, topic, args.seconds, lambda: hammer(http, base, paths, args.clients))))}
+        for row in rows:
+            results.add_all({"first_ms": (row["first"], "ms"), "p50_ms": (row["p50"], "ms"),
+                             "p99_ms": (row["p99"], "ms"), "max_ms": (row["max"], "ms")},
+                            page=row["path"], status=",".join(map(str, row["status"])), samples=args.samples)
         for name, figures in phases.items():
-            print(f"  {name:<56} p50 {figures['p50']:6.2f} ms  p99 {figures['p99']:7.2f} ms  "
-                  f"max {figures['max']:7.2f} ms  ({figures['n']} probes)", flush=True)
+            results.add_all({"loop_p50_ms": (figures["p50"], "ms"), "loop_p99_ms": (figures["p99"], "ms"),
+                             "loop_max_ms": (figures["max"], "ms")}, phase=name, probes=figures["n"])
         print("load average (1, 5, 15 min): %.1f %.1f %.1f on %d cores" % (*os.getloadavg(), os.cpu_count()),
               flush=True)
         slow = [r for r in rows if r["p99"] > TARGET_MS]
         print(f"\n{len(rows) - len(slow)} of {len(rows)} under {TARGET_MS:.0f} ms at p99"
               + (": over it: " + ", ".join(f"{r['path']} ({r['p99']:.0f} ms)" for r in slow) if slow else ""),
               flush=True)
-        if args.json:
-            Path(args.json).write_text(json.dumps({"config": vars(args), "pages": rows, "loop": phases}, indent=1))
     finally:
-        drain.cancel()
-        if proc.returncode is None:
-            proc.terminate()
-            await proc.wait()
+        reading.cancel()
+        await stop([proc])
 
 
-async def _drain(proc) -> None:
-    """Reads the broker's output: a full pipe would stall its logging."""
-    while await proc.stdout.readline():
-        pass
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command")
-    p = sub.add_parser("probe", help="(internal) the event loop probe")
-    p.add_argument("--broker", required=True)
-    p.add_argument("--topic", required=True)
-    p.add_argument("--seconds", type=float, required=True)
+def add_arguments(parser) -> None:
+    parser.add_argument("--helper-probe", metavar="BROKER", help=argparse.SUPPRESS)  # the event loop probe
+    parser.add_argument("--topic", help=argparse.SUPPRESS)
+    parser.add_argument("--probe-seconds", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--topics", type=int, default=1_000)
     parser.add_argument("--groups", type=int, default=1_000)
     parser.add_argument("--halves", type=int, default=100_000, help="pending halves")
@@ -320,13 +308,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=8.0, help="length of each event loop phase")
     parser.add_argument("--clients", type=int, default=4, help="dashboard clients in the last event loop phase")
-    parser.add_argument("--json", help="also write the figures to this file")
-    args = parser.parse_args()
-    if args.command == "probe":
+
+
+def run(args, results: Results) -> None:
+    if args.helper_probe:
         asyncio.run(probe(args))
     else:
-        bench.run_main(run(args))
-
-
-if __name__ == "__main__":
-    main()
+        run_main(main_async(args, results))

@@ -5,31 +5,29 @@ P pending halves that are all due, starts a real broker on it with a real produc
 the group, and times one pass of the scheduler (reads the due halves, writes P checks to the producer's socket,
 persists the new check counts).
 
-    python scripts/bench_check_pass.py --decided 1000000 --pending 1000
+    scripts/bench.py check-pass --decided 1000000 --pending 1000
 
 The fill prints its progress every second. Without --store the store is a temporary folder, removed at the end
 (also on an error or Ctrl-C).
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from halfmq.broker.config import build_config
+from halfmq.broker.server import Broker
+from halfmq.protocol import properties as P
+from halfmq.protocol.message import MessageRecord
+from halfmq.store import HalfState, HalfStatus, MessageStore, PutRequest, StoreConfig, message_request
+from halfmq.store.ops import PutMeta
+from halfmq.store.txops import DecideHalf, PrepareHalf
 
-from bench import Progress, run_main, temp_store  # noqa: E402
-from halfmq.store.ops import PutMeta  # noqa: E402
-
-from halfmq.broker.config import build_config  # noqa: E402
-from halfmq.broker.server import Broker  # noqa: E402
-from halfmq.protocol import properties as P  # noqa: E402
-from halfmq.protocol.message import MessageRecord  # noqa: E402
-from halfmq.store import HalfState, HalfStatus, MessageStore, PutRequest, StoreConfig, message_request  # noqa: E402
-from halfmq.store.txops import DecideHalf, PrepareHalf  # noqa: E402
+from .harness import REPO, run_main, temp_store
+from .load import Progress
+from .results import Results
 
 GROUP = "PG_BENCH"
 BATCH = 5000
@@ -109,7 +107,7 @@ async def time_pass(broker: Broker, pending: int) -> float:
     await broker.store.submit(PutMeta("bench.barrier", 0))
     # The producer is another process, as in production: its decoding of the checks is not the broker's cost.
     producer = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", PRODUCER, broker.addr, GROUP, str(Path(__file__).resolve().parents[1]),
+        sys.executable, "-c", PRODUCER, broker.addr, GROUP, str(REPO),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
     assert (await asyncio.wait_for(producer.stdout.readline(), 30)).strip() == b"registered"
     started = time.perf_counter()
@@ -126,22 +124,19 @@ async def time_pass(broker: Broker, pending: int) -> float:
     return elapsed
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser) -> None:
     parser.add_argument("--decided", type=int, default=1_000_000)
     parser.add_argument("--pending", type=int, default=1_000)
     parser.add_argument("--store", help="reuse (or create) this store folder")
-    args = parser.parse_args()
-    run_main(main_async(args))
 
 
-async def main_async(args) -> None:
+def run(args, results: Results) -> None:
+    run_main(main_async(args, results))
+
+
+async def main_async(args, results: Results) -> None:
     root = args.store or temp_store()
     if not (Path(root) / "lmdb").exists():
         await fill(root, args.decided, args.pending)
     elapsed = await measure(root, args.pending)
-    print(f"SUMMARY check_pass decided={args.decided} pending={args.pending} pass_ms={elapsed * 1000:.1f}")
-
-
-if __name__ == "__main__":
-    main()
+    results.add("pass_ms", elapsed * 1000, "ms", decided=args.decided, pending=args.pending)

@@ -1,13 +1,12 @@
 """What PySpark's Python data source API alone allows on this machine: a Python sink that drops every row and a
 Python source that yields ready Arrow batches, each against Spark's parquet write or read of the same rows, in one
-run, alternated (the rows and passes of scripts/bench_spark.py). No broker is involved: these ratios bound what
+run, alternated (the rows and passes of ``scripts/bench.py spark``). No broker is involved: these ratios bound what
 the halfmq sink and source (Python data sources that also talk to a broker) can reach against parquet.
 
-    python scripts/bench_spark_ceiling.py --messages 300000 --size 1024
+    scripts/bench.py spark-ceiling --messages 300000 --size 1024
 """
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import os
@@ -15,14 +14,14 @@ import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 
+from pyspark import cloudpickle
 from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceWriter, InputPartition,
                                     WriterCommitMessage)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.support.local_spark import local_spark
 
-from tests.support.local_spark import local_spark  # noqa: E402
+from .results import Results
 
 
 class _Written(WriterCommitMessage):
@@ -99,26 +98,29 @@ def rates(total: int, passes: int, **writes) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in measured.items()}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser) -> None:
     parser.add_argument("--messages", type=int, default=300_000)
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--passes", type=int, default=3)
-    args = parser.parse_args()
+
+
+def run(args, results: Results) -> None:
+    # Spark's Python workers do not have scripts/ on their path: the data source classes travel by value
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     with tempfile.TemporaryDirectory(prefix="halfmq-bench-ceiling-scratch-", ignore_cleanup_errors=True) as scratch:
         spark = local_spark("halfmq-bench-ceiling", scratch)
         spark.dataSource.register(Ceiling)
-        measure(spark, args)
+        measure(spark, args, results)
         spark.stop()
 
 
-def measure(spark, args) -> None:
+def measure(spark, args, results: Results) -> None:
     from pyspark.sql import functions as F
 
     rows = args.messages
-    padding = "x" * max(0, args.size - 12)  # the rows of bench_spark.py --sink
+    padding = "x" * max(0, args.size - 12)  # the rows of bench.py spark --sink
     df = spark.range(0, rows, numPartitions=2).select(
         F.concat(F.col("id").cast("string"), F.lit(padding)).cast("binary").alias("body")).cache()
     df.count()
@@ -134,12 +136,10 @@ def measure(spark, args) -> None:
         source.write.format("noop").mode("overwrite").save()
         read = rates(rows, args.passes, python_source=lambda: source.write.format("noop").mode("overwrite").save(),
                      parquet_read=lambda: parquet.write.format("noop").mode("overwrite").save())
-    print(f"SUMMARY mode=ceiling rows={rows} size={args.size} passes={args.passes} "
-          f"python_sink_rows_per_s={sink['python_sink']:,.0f} parquet_write_rows_per_s={sink['parquet_write']:,.0f} "
-          f"sink_ceiling={sink['python_sink'] / sink['parquet_write']:.2f} "
-          f"python_source_rows_per_s={read['python_source']:,.0f} parquet_read_rows_per_s={read['parquet_read']:,.0f} "
-          f"source_ceiling={read['python_source'] / read['parquet_read']:.2f}", flush=True)
-
-
-if __name__ == "__main__":
-    main()
+    results.add_all({"python_sink_rows_per_s": (sink["python_sink"], "rows/s"),
+                     "parquet_write_rows_per_s": (sink["parquet_write"], "rows/s"),
+                     "sink_ceiling": (sink["python_sink"] / sink["parquet_write"], ""),
+                     "python_source_rows_per_s": (read["python_source"], "rows/s"),
+                     "parquet_read_rows_per_s": (read["parquet_read"], "rows/s"),
+                     "source_ceiling": (read["python_source"] / read["parquet_read"], "")},
+                    rows=rows, size=args.size, passes=args.passes)

@@ -1,19 +1,20 @@
 """Broker CPU instructions per send and per transaction, counted by valgrind (callgrind): a figure that does not move
 with the machine's noise, unlike sends/s on this shared two-core box (±15% run to run, the same checkout).
 
-    python scripts/bench_instructions.py --trees /tmp/base . --what both
+    scripts/bench.py instructions --trees main . --what both
 
-For each checkout (its own .venv when it has one) and each kind, the broker runs in this script's process under
+For each checkout (a folder, with its own .venv when it has one, or a revision) and each kind, the broker runs in a
+helper process under
 callgrind: a real Broker over a temporary store, with its writer process (not counted: valgrind follows no child),
-and one connection fed pre-built frames through an in-memory transport, 64 in flight, as ``bench.py --client raw``
+and one connection fed pre-built frames through an in-memory transport, 64 in flight, as ``bench.py send --client raw``
 sends them: SEND_MESSAGE_V2 of 1 KiB with JSON headers; for a transaction a half, then, once it is stored, a oneway
 END_TRANSACTION commit (the loop also decodes each half's answer and builds the commit: a few thousand instructions
 per transaction counted with the broker's); for a half, the half alone, left pending (``--what all`` prints a
 decision's count as a transaction's less a half's). The garbage collector is settled as the broker process settles it.
 Each count is the difference of a short and a long run divided by the requests between them, so start-up and
 shutdown cancel out; two runs of one checkout agree within 0.2%. Prints instructions per request (per transaction)
-and the first checkout's count over each one's (above 1: fewer than the first). valgrind is installed by scripts/apt_install.sh when missing; a run takes
-about a minute per checkout and kind.
+and the first checkout's count over each one's (above 1: fewer than the first). valgrind is installed by
+scripts/apt_install.sh when missing; a run takes about a minute per checkout and kind.
 """
 from __future__ import annotations
 
@@ -24,12 +25,12 @@ import re
 import shutil
 import struct
 import subprocess
-import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-HERE = Path(__file__).resolve()
+from .harness import ENTRY, REPO, remove_temp_stores, tree as checkout, tree_command
+from .results import Results, revision
+
 SHORT, LONG = 640, 3840  # requests (transactions) of the two runs; rounded to the 64 in flight
 MAP_SIZE = 256 << 20  # valgrind cannot map the default map sizes
 TOPIC, GROUP = "BenchInstructions", "BENCH_TX_PG"
@@ -158,58 +159,61 @@ async def _harness(kind: str, count: int) -> None:
 
 # --- the driver: runs each checkout's harness under valgrind ---
 
-def _python(tree: Path) -> str:
-    venv = tree / ".venv" / "bin" / "python"
-    return str(venv) if venv.exists() else sys.executable
-
-
-def _instructions(tree: Path, kind: str, count: int) -> int:
-    run = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", _python(tree),
-                          str(HERE), "--harness", kind, str(count)], cwd=tree, capture_output=True, text=True)
+def _instructions(tree: str, kind: str, count: int) -> int:
+    python, env = tree_command(tree)
+    run = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", python, str(ENTRY),
+                          "instructions", "--helper-harness", kind, str(count)], cwd=tree, capture_output=True,
+                         text=True, env={**os.environ, **env} if env else None)
     found = re.search(r"Collected : (\d+)", run.stderr)
     if run.returncode != 0 or found is None:
         raise SystemExit(f"{tree} {kind}: the harness failed:\n{run.stdout[-2000:]}\n{run.stderr[-3000:]}")
     return int(found.group(1))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trees", nargs="+", default=[str(HERE.parents[1])], help="checkouts to measure")
+def add_arguments(parser) -> None:
+    parser.add_argument("--trees", nargs="+", default=[str(REPO)],
+                        help="checkouts to measure, each a folder or a git revision")
     parser.add_argument("--what", choices=["both", "all", "send", "half", "transaction"], default="both",
                         help="both: send and transaction; all: send, half and transaction, and a transaction's "
                              "decision (transaction - half); half: halves left pending")
-    parser.add_argument("--harness", nargs=2, metavar=("KIND", "COUNT"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.harness:
+    parser.add_argument("--helper-harness", nargs=2, metavar=("KIND", "COUNT"), help=argparse.SUPPRESS)
+
+
+def run(args, results: Results) -> None:
+    if args.helper_harness:
         try:
             import uvloop
             uvloop.install()
         except ImportError:
             pass
-        asyncio.run(_harness(args.harness[0], int(args.harness[1])))
+        asyncio.run(_harness(args.helper_harness[0], int(args.helper_harness[1])))
         return
     if shutil.which("valgrind") is None:
-        subprocess.run(["bash", str(HERE.parent / "apt_install.sh"), "valgrind"], check=True)
+        subprocess.run(["bash", str(REPO / "scripts" / "apt_install.sh"), "valgrind"], check=True)
+    try:
+        measure(args, results)
+    finally:
+        remove_temp_stores()  # the checkouts of revisions
+
+
+def measure(args, results: Results) -> None:
     kinds = {"both": ["send", "transaction"], "all": ["send", "half", "transaction"]}.get(args.what, [args.what])
-    counts: dict[tuple[str, Path], float] = {}
+    counts: dict[tuple[str, str], float] = {}
     for kind in kinds:
         first = None
-        for tree in map(Path, args.trees):
-            tree = tree.resolve()
+        for spec in args.trees:
+            tree = checkout(spec)
             with ThreadPoolExecutor(2) as pool:  # one valgrind per core: a count does not depend on the timing
                 short, long = pool.map(lambda count: _instructions(tree, kind, count), (SHORT, LONG))
             per_request = counts[kind, tree] = (long - short) / (LONG - SHORT)
             first = first or per_request
-            print(f"SUMMARY kind={kind} tree={tree} instructions_per_{kind}={per_request:,.0f} "
-                  f"first_over_this={first / per_request:.3f}", flush=True)
+            results.add_all({f"instructions_per_{kind}": (per_request, "instructions"),
+                             "first_over_this": (first / per_request, "")}, revision(tree), kind=kind, tree=spec)
     if "half" in kinds and "transaction" in kinds:
         first = None
-        for tree in map(lambda t: Path(t).resolve(), args.trees):
+        for spec in args.trees:
+            tree = checkout(spec)
             decision = counts["transaction", tree] - counts["half", tree]
             first = first or decision
-            print(f"SUMMARY kind=decision tree={tree} instructions_per_decision={decision:,.0f} "
-                  f"first_over_this={first / decision:.3f}", flush=True)
-
-
-if __name__ == "__main__":
-    main()
+            results.add_all({"instructions_per_decision": (decision, "instructions"),
+                             "first_over_this": (first / decision, "")}, revision(tree), kind="decision", tree=spec)

@@ -4,9 +4,9 @@ the same broker; per attack it reports each good client's errors and latency and
 clients run at once (``--good-clients together``), or take turns beside the attack (``in-turn``, each for
 ``--duration``: what the attack does to one good client, without the other's load).
 
-    python scripts/bench_hostile.py --spawn-broker                # every attack, 10 s each
-    python scripts/bench_hostile.py --spawn-broker --attacks pipelined_pulls,grpc_gzip_bomb --duration 5
-    python scripts/bench_hostile.py --namesrv H:P --broker H:P --grpc-endpoint H:P --pid PID   # a running broker
+    scripts/bench.py hostile --spawn-broker                # every attack, 10 s each
+    scripts/bench.py hostile --spawn-broker --attacks pipelined_pulls,grpc_gzip_bomb --duration 5
+    scripts/bench.py hostile --namesrv H:P --broker H:P --grpc-endpoint H:P --pid PID   # a running broker
 
 Acceptance: 0 errors, p99 under 50 ms (each good client), broker RSS under 512 MiB during every attack. Remoting
 attacks (the issue's):
@@ -37,21 +37,20 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import grpc
 
-import grpc  # noqa: E402
+from halfmq.broker.grpc.schema import SERVICE, ClientType, Code, Encoding, FilterType, MessageType, pb
+from halfmq.client import Message, Producer, PullConsumer
+from halfmq.protocol.codes import RequestCode
+from halfmq.protocol.command import RemotingCommand
+from halfmq.protocol.frame import FrameDecoder
+from halfmq.protocol.message import BatchItem, encode_batch
+from halfmq.protocol.properties import encode_properties
 
-from bench import Stats, percentile, run_main, start_broker  # noqa: E402
-from halfmq.broker.grpc.schema import SERVICE, ClientType, Code, Encoding, FilterType, MessageType, pb  # noqa: E402
-from halfmq.client import Message, Producer, PullConsumer  # noqa: E402
-from halfmq.protocol.codes import RequestCode  # noqa: E402
-from halfmq.protocol.command import RemotingCommand  # noqa: E402
-from halfmq.protocol.frame import FrameDecoder  # noqa: E402
-from halfmq.protocol.message import BatchItem, encode_batch  # noqa: E402
-from halfmq.protocol.properties import encode_properties  # noqa: E402
+from .harness import drain, grpc_endpoint as endpoint_of, helper, rss_mib, run_main, start_broker, stop
+from .load import Stats, percentile
+from .results import Results
 
 GOOD_GRPC_GROUP = "GOOD_GRPC_CG"
 GOOD_GRPC_METADATA = (("x-mq-client-id", "good-grpc@1"), ("x-mq-language", "PYTHON"), ("x-mq-protocol", "GRPC_V2"))
@@ -64,29 +63,12 @@ OPTIONAL = ["max_batches"]
 GRPC_OPTIONS = [("grpc.max_receive_message_length", 128 << 20), ("grpc.max_send_message_length", 128 << 20)]
 
 
-def rss_mib(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
 async def spawn_broker() -> tuple[asyncio.subprocess.Process, str, str, str]:
     """(process, broker address, name server address, gRPC endpoint) of a fresh broker."""
     proc, ready = await start_broker("--metricsPromExporterPort=-1", "--logLevel=ERROR",
                                      "--serverChannelMaxIdleTimeSeconds=0", "--grpcListenPort=0")
-    asyncio.get_running_loop().create_task(_drain(proc))
-    grpc_endpoint = ready.string.decode().split(" grpc ")[1].split()[0]
-    return proc, ready.group(1).decode(), ready.group(2).decode(), grpc_endpoint
-
-
-async def _drain(proc) -> None:
-    while await proc.stdout.readline():
-        pass
+    asyncio.get_running_loop().create_task(drain(proc))
+    return proc, ready.group(1).decode(), ready.group(2).decode(), endpoint_of(ready)
 
 
 def pull_frame(opaque: int, topic: str, offset: int = 0, suspend_ms: int = 0, max_nums: int = 32) -> bytes:
@@ -761,8 +743,8 @@ class Result:
 
 async def start_good_grpc(grpc_endpoint: str, args) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        sys.executable, __file__, "--good-grpc-only", "--grpc-endpoint", grpc_endpoint, "--duration",
-        str(args.duration), "--inflight", str(args.inflight), stdout=asyncio.subprocess.PIPE)
+        *helper("hostile", "--helper-good-grpc", "--grpc-endpoint", grpc_endpoint, "--duration", str(args.duration),
+                "--inflight", str(args.inflight)), stdout=asyncio.subprocess.PIPE)
 
 
 async def one_round(name: str, args) -> Result:
@@ -776,18 +758,19 @@ async def one_round(name: str, args) -> Result:
         await prepare(namesrv, grpc_endpoint)
         together = args.good_clients == "together"
         measured = args.duration if together else 2 * args.duration
-        attacker = await asyncio.create_subprocess_exec(sys.executable, __file__, "--attack-only", name,
-                                                        "--broker", broker, "--grpc-endpoint", grpc_endpoint,
-                                                        "--duration", str(measured + 2),
-                                                        "--batch-count", str(args.batch_count))
-        stop = asyncio.Event()
+        attacker = await asyncio.create_subprocess_exec(*helper("hostile", "--helper-attack", name,
+                                                                "--broker", broker, "--grpc-endpoint", grpc_endpoint,
+                                                                "--duration", str(measured + 2),
+                                                                "--batch-count", str(args.batch_count)),
+                                                        stdout=sys.stderr)  # its notes; stdout is for figures
+        sampled = asyncio.Event()
         peak = [rss_mib(pid)]
 
         async def sample():
-            while not stop.is_set():
+            while not sampled.is_set():
                 peak[0] = max(peak[0], rss_mib(pid))
                 try:
-                    await asyncio.wait_for(stop.wait(), 0.2)
+                    await asyncio.wait_for(sampled.wait(), 0.2)
                 except asyncio.TimeoutError:
                     pass
 
@@ -803,7 +786,7 @@ async def one_round(name: str, args) -> Result:
                 grpc_output = await (await start_good_grpc(grpc_endpoint, args)).communicate()
             grpc_stats = stats_from(grpc_output[0])
         finally:
-            stop.set()
+            sampled.set()
             await sampler
             try:
                 await asyncio.wait_for(attacker.wait(), 20)
@@ -811,10 +794,9 @@ async def one_round(name: str, args) -> Result:
                 attacker.kill()
                 await attacker.wait()
     finally:
-        if proc is not None and proc.returncode is None:
-            proc.terminate()
+        if proc is not None:
             try:
-                await asyncio.wait_for(proc.wait(), 20)
+                await asyncio.wait_for(stop([proc]), 20)
             except asyncio.TimeoutError:
                 proc.kill()
                 await proc.wait()
@@ -823,8 +805,7 @@ async def one_round(name: str, args) -> Result:
     return result
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser) -> None:
     parser.add_argument("--spawn-broker", action="store_true", help="a fresh broker for each attack")
     parser.add_argument("--namesrv", default="127.0.0.1:9876")
     parser.add_argument("--broker", default="127.0.0.1:10911", help="broker address (without --spawn-broker)")
@@ -839,21 +820,26 @@ async def main() -> None:
                         help="both good clients at once while the attack runs, or one after the other (each for "
                              "--duration): together they are twice the load, and on 2 cores the gRPC client's "
                              "latency is then mostly its share of the broker's one event loop, not the attack's doing")
-    parser.add_argument("--attack-only", help=argparse.SUPPRESS)
-    parser.add_argument("--good-grpc-only", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.attack_only:
+    parser.add_argument("--helper-attack", help=argparse.SUPPRESS)
+    parser.add_argument("--helper-good-grpc", action="store_true", help=argparse.SUPPRESS)
+
+
+async def main_async(args, results: Results) -> None:
+    if args.helper_attack:
         Attack.batch_count = args.batch_count
-        await run_attack_process(args.attack_only, args.broker, args.grpc_endpoint, args.duration)
+        await run_attack_process(args.helper_attack, args.broker, args.grpc_endpoint, args.duration)
         return
-    if args.good_grpc_only:
+    if args.helper_good_grpc:
         await run_good_grpc_process(args.grpc_endpoint, args.duration, args.inflight)
         return
-    results = [await one_round(name, args) for name in args.attacks.split(",")]
-    print(f"SUMMARY hostile ok={all(r.ok for r in results)} " + " ".join(
-        f"{r.name}=remoting:e{r.errors('remoting')}/p99:{r.p99('remoting') * 1000:.1f}ms,"
-        f"grpc:e{r.errors('grpc')}/p99:{r.p99('grpc') * 1000:.1f}ms/rss:{r.rss:.0f}MiB" for r in results), flush=True)
+    rounds = [await one_round(name, args) for name in args.attacks.split(",")]
+    for r in rounds:
+        for client in r.clients:
+            results.add_all({"errors": (r.errors(client), ""), "p99_ms": (r.p99(client) * 1000, "ms")},
+                            attack=r.name, client=client, good_clients=args.good_clients)
+        results.add("broker_rss_peak", r.rss, "MiB", attack=r.name, good_clients=args.good_clients)
+    results.add("ok", all(r.ok for r in rounds), "0 errors, p99 < 50 ms, RSS < 512 MiB", attacks=args.attacks)
 
 
-if __name__ == "__main__":
-    run_main(main())  # the brokers' temporary stores are removed at the end, also after an error or Ctrl-C
+def run(args, results: Results) -> None:
+    run_main(main_async(args, results))  # the brokers' temporary stores are removed at the end, also on Ctrl-C
