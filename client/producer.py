@@ -27,7 +27,7 @@ _STATUS = {ResponseCode.SUCCESS: SendStatus.SEND_OK, ResponseCode.FLUSH_DISK_TIM
 # SEND_MESSAGE_V2's wire keys, taken from SendMessageRequestHeaderV2 (the definition the broker decodes and checks
 # access by). Producer._header builds the extFields as a dict literal with these keys rather than through
 # SendMessageRequestHeaderV2(...).to_ext(): python -m timeit measured 3.0 us a header through the class against
-# 0.53 us for the literal, ~5% of a send at bench.py producer's ~20k sends/s. tests/client checks that the literal
+# 0.53 us for the literal, ~5% of a send at bench.py send's ~20k sends/s. tests/client checks that the literal
 # is exactly what the class renders.
 (_K_GROUP, _K_TOPIC, _K_DEFAULT_TOPIC, _K_QUEUE_NUMS, _K_QUEUE_ID, _K_SYS_FLAG, _K_BORN, _K_FLAG, _K_PROPERTIES,
  _K_RECONSUME, _K_UNIT_MODE, _K_BATCH) = map(SendMessageRequestHeaderV2.wire_key, (

@@ -260,7 +260,7 @@ def send_head(opaque: int, body_size: int) -> bytes:
 
 
 async def test_a_send_declaring_a_body_over_the_limit_is_answered_before_the_body_arrives(broker_factory):
-    """Before: a send's body was read and held whole, then refused; bench_hostile's huge_batch (a 15 MiB batch,
+    """Before: a send's body was read and held whole, then refused; bench.py hostile's huge_batch (a 15 MiB batch,
     again and again) raised the good clients' p99 from 12 to 33 ms (remoting) and from 64 to 218 ms (gRPC)."""
     broker = await broker_factory(maxMessageSize=64 << 10, refusedRequestBytesPerSecond=1 << 30)
     c = await RawClient.connect(broker.addr)

@@ -531,7 +531,7 @@ def test_a_gzip_body_is_inflated_no_further_than_max_message_size(grpc_broker_fa
 
 
 def test_a_connection_pays_for_a_gzip_body_it_made_the_broker_inflate_past_the_limit(grpc_broker_factory):
-    """Before: bench_hostile's grpc_gzip_bomb, sent again as soon as it was refused, kept the broker inflating: the
+    """Before: bench.py hostile's grpc_gzip_bomb, sent again as soon as it was refused, kept the broker inflating: the
     good remoting client's sends fell from about 40,000 to 7,700 in 8 s. Now the refusal comes once maxMessageSize
     (here 1 MiB) has passed at refusedRequestBytesPerSecond (here 64 KiB/s: 16 s), and the connection's next gzip
     body waits as long before it is inflated; other connections are served meanwhile."""
