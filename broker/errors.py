@@ -92,10 +92,6 @@ class BrokerError(Exception):
         self.remark = remark
 
 
-def system_error(remark: str) -> BrokerError:
-    return BrokerError(ResponseCode.SYSTEM_ERROR, remark)
-
-
 #: Store exception → failure, most specific first.
 _STORE_FAILURES: tuple[tuple[type, Failure | int], ...] = (
     (store_errors.StoreFullError, R.SERVICE_NOT_AVAILABLE),
