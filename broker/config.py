@@ -38,6 +38,9 @@ class BrokerConfig:
                              "no replication)", default=10912, meta={"min": -1, "max": 65535})
     haMasterAddress: str = _doc("HOST:PORT of the leader's replication port, for a follower; empty = the address the "
                                 "name servers give for its group's leader", default="")
+    haAdvertisedAddress: str = _doc("HOST:PORT at which the group's other members reach this member's replication "
+                                    "port (a NAT, a published container port, a proxy): published in etcd and to the "
+                                    "name servers; empty = brokerIP1 and the port haListenPort bound", default="")
     minInSyncReplicas: int = _doc("members (the leader counted) that must have a write durable before it is "
                                   "answered; with fewer in sync, writes are refused (code 14); 0 = 2 once the group "
                                   "has had a follower, else 1", default=0, meta={"min": 0, "max": 16})

@@ -180,7 +180,7 @@ class Broker:
             ha = await self._listen(loop, self._protocol_factory(self.ha_dispatcher, self.ha_connections),
                                     cfg.haListenPort, tls, "haListenPort")
             self.ha_port = ha.sockets[0].getsockname()[1]
-            self.ha_addr = self.member.ha_addr = f"{cfg.advertised_ip}:{self.ha_port}"
+            self.ha_addr = self.member.ha_addr = cfg.haAdvertisedAddress or f"{cfg.advertised_ip}:{self.ha_port}"
         await self.member.start()
         stack.push_async_callback(self.member.stop)
 
