@@ -318,14 +318,18 @@ class Chaos:
         await self.audit(f"after {kind}")
 
     # --- the checks ---
-    async def audit(self, what: str, final: bool = False) -> None:
+    async def audit(self, what: str, final: bool = False, members: list[int] | None = None) -> None:
         """Once the group is whole: every member holds what was acknowledged before, at its offset, once; no
-        rolled-back half anywhere; at the end also every acknowledged COMMIT half and everything read."""
-        await self.whole(what)
+        rolled-back half anywhere; at the end also every acknowledged COMMIT half and everything read. With
+        ``members``, at once and only those (the side of a partition that elected a leader)."""
+        if members is None:
+            await self.whole(what)
         acked = dict(self.acked)  # acknowledged before the group was whole again: on every member by now
         halves = set(self.decider.halves)
         seen = set(self.seen)
         for index, member in enumerate(self.group.members):
+            if members is not None and index not in members:
+                continue
             async def holds():
                 rows = await stored(member.broker_addr, TOPIC)
                 held = {body for _, _, body in rows}
@@ -375,7 +379,7 @@ class Chaos:
                                            f"e.g. {sorted(gone)[:3]}")
         assert not self.violations, f"seed {self.seed}: " + "\n".join(self.violations)
         self.log(f"{what}: checked {len(acked)} acknowledged sends, {len(halves)} acknowledged halves, "
-                 f"{len(seen)} bodies read on every member")
+                 f"{len(seen)} bodies read on " + ("every member" if members is None else f"members {members}"))
 
     async def tx_rows(self, member, halves: set[bytes]) -> list[tuple[int, int, bytes]]:
         """The committed transactional messages ``member`` holds; with ``halves``, once every COMMIT among them

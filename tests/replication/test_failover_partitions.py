@@ -6,16 +6,16 @@ Each member reaches etcd through proxies of its own and the others reach its rep
 still reach it: the worst case, a leader that goes on taking sends it may no longer answer. Faults:
 
 - ``partition-leader``: the leader cut off from etcd and from its followers, mostly past its lease (the others
-  elect a new leader), sometimes for under a third of it; then healed;
+  elect a new leader), sometimes for under its lease (it may step down before its key expires); then healed;
 - ``cut-leader-from-followers``: the leader cut off from its followers only, so it keeps its lease: it removes
   them from the in-sync set in etcd and then refuses writes (``minInSyncReplicas`` 2); then healed;
 - ``cut-leader-from-etcd``: the leader cut off from etcd only, its followers still streaming from it: it steps
-  down when its lease runs out (or keeps leading, for a cut under a third of it) and a follower is elected.
+  down when its lease runs out and a follower is elected (or, for a shorter cut, it may keep leading).
 
 A heal either lets through what was held (as TCP does after a short cut) or resets every held connection (as after
-TCP gave up), as the seed draws. Besides the chaos test's checks after every fault: once a new leader acknowledged
-a send, the old one acknowledges none of the sends begun after it, and once healed it is back in the in-sync set
-as a follower.
+TCP gave up), as the seed draws. Besides the chaos test's checks after every fault (and, while the old leader is
+still cut off, on the members that elected a new one): once a new leader acknowledged a send, the old one
+acknowledges none of the sends begun after it, and once healed it is back in the in-sync set as a follower.
 """
 from __future__ import annotations
 
@@ -119,15 +119,16 @@ class PartitionChaos(Chaos):
         if from_etcd:
             past = rnd.random() < 0.8
             self.log(f"leader member {leader} cut off from {WHAT[kind]} "
-                     + ("past its lease" if past else "for under a lease") + f", held links then {heal}")
+                     + ("past its lease" if past else "for under its lease") + f", held links then {heal}")
             group.isolate(leader, from_etcd, from_followers)
             if past:
                 await self.elected(exclude=leader)
                 await until(self._acked_elsewhere(old, when), 60, f"seed {self.seed}: a send acknowledged by the "
                                                                   f"new leader")
                 await asyncio.sleep(rnd.uniform(0.0, 2.0))  # the cut-off leader keeps getting sends meanwhile
-            else:
-                await asyncio.sleep(rnd.uniform(0.2, LEASE_S / 3))
+                await self.audit(f"during {kind}", members=[i for i in range(group.size) if i != leader])
+            else:  # healed while it leads, or once it stepped down (two thirds in) with its key still in etcd
+                await asyncio.sleep(rnd.uniform(0.2, LEASE_S))
         else:
             brief = rnd.random() < 0.3
             self.log(f"leader member {leader} cut off from {WHAT[kind]} "

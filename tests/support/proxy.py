@@ -128,7 +128,7 @@ class Proxy:
             back = asyncio.ensure_future(self._pump(connection, connection.upstream[0], writer))
             connection.tasks.append(back)
             await asyncio.gather(self._pump(connection, reader, connection.upstream[1]), back)
-        except (ConnectionError, OSError):
+        except OSError:  # a reset, or a write to an end that went
             connection.abort()
         finally:
             self._connections.discard(connection)
