@@ -115,6 +115,7 @@ class PartitionChaos(Chaos):
         reset = rnd.random() < 0.5
         heal = "reset" if reset else "delivered"
         when = time.monotonic()
+        alone = None  #: since when the leader, cut off from its followers, was alone in its in-sync set
         from_etcd, from_followers = CUTS[kind]
         if from_etcd:
             past = rnd.random() < 0.8
@@ -147,7 +148,7 @@ class PartitionChaos(Chaos):
                 await asyncio.sleep(rnd.uniform(0.0, 1.5))
         healed = time.monotonic()
         group.heal(reset)
-        if not from_etcd and not brief:
+        if alone is not None:
             answered = [acked - alone for began, acked, _ in self.ack_times if alone < began and acked < healed]
             if answered:
                 self.violations.append(f"{kind}: {len(answered)} sends begun while the leader was alone in its "
