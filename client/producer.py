@@ -128,8 +128,8 @@ class Producer:
             # The cached route, registration and connection are looked up without awaiting: this runs per send.
             route = instance.routes.cached(msg.topic) or await instance.routes.get(msg.topic, self.auto_create)
             target = self._target(msg.topic, route.write_queues, queue)
-            addr = route.addr_of(target.broker_name)
             try:
+                addr = route.addr_of(target.broker_name)
                 if addr not in instance.brokers:
                     await instance.heartbeat(addr)
                 conn = instance.pool.open_connection(addr) or await instance.pool.get(addr)
@@ -141,7 +141,7 @@ class Producer:
                 # The broker may be gone for good (a broker group's leader that handed over or died): the next
                 # attempt asks the name servers for the route again rather than trusting the cached one.
                 instance.routes.invalidate(msg.topic)
-                log.debug("send attempt %d to %s failed: %s", attempt + 1, addr, exc)
+                log.debug("send attempt %d to %s failed: %s", attempt + 1, target.broker_name, exc)
                 continue
             status = _STATUS.get(resp.code)
             if status is not None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from halfmq.protocol.codes import Perm, RequestCode, ResponseCode
 from halfmq.protocol.headers import TopicRequestHeader
 
-from .errors import TopicNotExistError, error_for
+from .errors import ClientError, TopicNotExistError, error_for
 from .message import MessageQueue
 from .remoting import ConnectionPool
 
@@ -28,7 +28,15 @@ class TopicRoute:
     read_addrs: dict[str, str] | None = None
 
     def addr_of(self, broker_name: str) -> str:
-        return self.broker_addrs[broker_name]
+        """The address writes to ``broker_name`` go to.
+
+        Raises:
+            ClientError: the route names no leader of that broker (a broker group between two leaders).
+        """
+        try:
+            return self.broker_addrs[broker_name]
+        except KeyError:
+            raise ClientError(f"the route of {self.topic} names no leader of broker {broker_name} now") from None
 
     def read_addr_of(self, broker_name: str) -> str:
         return (self.read_addrs or self.broker_addrs)[broker_name]

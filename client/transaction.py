@@ -180,8 +180,14 @@ class TransactionProducer(Producer):
         if state is LocalTransactionState.UNKNOW:
             raise ValueError("decide() takes COMMIT_MESSAGE or ROLLBACK_MESSAGE")
         header = self._end_header(queue_offset, offset_msg_id, msg_id, transaction_id, state)
-        conn = await self._broker_connection(queue)
-        resp = await conn.request(RequestCode.END_TRANSACTION, header, timeout=self.send_timeout)
+        try:
+            conn = await self._broker_connection(queue)
+            resp = await conn.request(RequestCode.END_TRANSACTION, header, timeout=self.send_timeout)
+        except ClientError:
+            # Its broker may be gone for good (a group's leader that died): the next decision asks the name
+            # servers for the route again, as a failed send does, rather than the dead address again.
+            self.instance.routes.invalidate(queue.topic)
+            raise
         if resp.code == ResponseCode.SERVICE_NOT_AVAILABLE:
             # Its broker group changed leaders (or is between two): ask the name servers, and decide there once.
             self.instance.routes.invalidate(queue.topic)
