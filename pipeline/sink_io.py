@@ -14,7 +14,8 @@ from typing import Iterable
 
 from halfmq.client import LocalTransactionState, Message, MessageQueue, TransactionProducer
 from halfmq.client.admin import Admin
-from halfmq.client.errors import BrokerError, ClientError, IllegalOperationError, TopicNotExistError
+from halfmq.client.errors import (BrokerError, ClientError, ConnectionClosedError, IllegalOperationError,
+                                  RequestTimeoutError, TopicNotExistError)
 from halfmq.protocol.codes import RequestCode, ResponseCode
 from halfmq.protocol.headers import ConnectionListRequestHeader
 
@@ -47,12 +48,37 @@ DECIDE_WINDOW = 256
 _OPEN_BATCHES = 64
 #: QUERY_MESSAGE answers at most this many records of a key; a batch never gets near it (see DecisionLog.read).
 _QUERY_MAX = 64
-#: Transient failures of one acknowledged decision are retried (deciding again is harmless) this many times.
-_DECIDE_TRIES = 5
+#: How long the driver's commit and abort retry a call to a broker that does not answer or does not lead now
+#: (deciding and appending again are harmless): a broker group on etcd elects a new leader about 2 s after its
+#: leader died (docs/replication.md), and the commit then carries on there. Longer: the call's error is raised.
+FAILOVER_WAIT_S = 30.0
+_RETRY_PAUSE_S = 0.2
 
 
 class SinkError(RuntimeError):
     """The sink cannot publish a batch as asked; the message says what happened to its rows."""
+
+
+def _between_leaders(exc: ClientError) -> bool:
+    """Whether a failed call may succeed once its broker (group) has a leader again: it was not answered, its
+    broker could not be reached or is not known now, or a member that does not lead refused it (code 14)."""
+    if isinstance(exc, BrokerError):
+        return exc.code == ResponseCode.SERVICE_NOT_AVAILABLE
+    return type(exc) is ClientError or isinstance(exc, (ConnectionClosedError, RequestTimeoutError))
+
+
+async def _patiently(call, what: str, patience: float):
+    """``await call()``, called again while it fails as _between_leaders says, for up to ``patience`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + patience
+    while True:
+        try:
+            return await call()
+        except ClientError as exc:
+            if not _between_leaders(exc) or loop.time() >= deadline:
+                raise
+            log.info("%s failed (%s): asking again while its broker group may be changing leaders", what, exc)
+        await asyncio.sleep(_RETRY_PAUSE_S)
 
 
 @dataclass(frozen=True)
@@ -166,17 +192,24 @@ async def _broker_addr(admin: Admin, broker_name: str) -> str:
 
 class DecisionLog:
     """Reads and appends the decision records of one broker's log, through a producer and an admin client of the
-    caller's loop."""
+    caller's loop. ``patience``: seconds a read or append is retried while the log's broker (group) does not
+    answer or has no leader (the driver's commit waits out a failover; a check-back answer does not wait, it is
+    asked again)."""
 
-    def __init__(self, producer, admin: Admin, broker_name: str):
+    def __init__(self, producer, admin: Admin, broker_name: str, patience: float = 0.0):
         self.producer = producer
         self.admin = admin
         # Records are compared by queue offset, so every one goes to one queue: queue 0 of the log's broker.
         self.queue = MessageQueue(SINK_COMMITS_TOPIC, broker_name, 0)
+        self.patience = patience
 
     async def read(self, sink_id: str, batch_id: int) -> list[Decision]:
         """The batch's records in log order. Only the broker's "no such key" means none: any other failure
         raises (a batch must never be published on a guess)."""
+        return await _patiently(lambda: self._read(sink_id, batch_id), "reading the decision log", self.patience)
+
+    async def _read(self, sink_id: str, batch_id: int) -> list[Decision]:
+        # The log's broker is looked up each time: after a failover its group's new leader has the log.
         addr = await _broker_addr(self.admin, self.queue.broker_name)
         try:
             found = await self.admin.query_msg_by_key(SINK_COMMITS_TOPIC, batch_key(sink_id, batch_id), _QUERY_MAX,
@@ -193,9 +226,12 @@ class DecisionLog:
         return [Decision.decode(m.body) for m in sorted(found, key=lambda m: m.queue_offset)]
 
     async def append(self, sink_id: str, batch_id: int, decision: Decision) -> None:
-        """Append with an acknowledged (SYNC) send: once this returns the record is durable and readable."""
-        await self.producer.send(Message(SINK_COMMITS_TOPIC, decision.encode(sink_id, batch_id),
-                                         keys=batch_key(sink_id, batch_id)), self.queue)
+        """Append with an acknowledged (SYNC) send: once this returns the record is durable and readable. A send
+        not answered may have been stored (its leader died after its followers had it), so a retry can append the
+        record twice: harmless, as only the first decision of an attempt counts."""
+        message = Message(SINK_COMMITS_TOPIC, decision.encode(sink_id, batch_id), keys=batch_key(sink_id, batch_id))
+        await _patiently(lambda: self.producer.send(message, self.queue), "appending to the decision log",
+                         self.patience)
 
 
 async def owner_alive(admin: Admin, owner: str) -> bool | None:
@@ -254,8 +290,8 @@ class SinkCheckListener:
         self.producer = producer
         self.admin = Admin(self.namesrv)
 
-    def decision_log(self, broker_name: str) -> DecisionLog:
-        return DecisionLog(self.producer, self.admin, broker_name)
+    def decision_log(self, broker_name: str, patience: float = 0.0) -> DecisionLog:
+        return DecisionLog(self.producer, self.admin, broker_name, patience)
 
     async def close(self) -> None:
         if self.admin is not None:
@@ -431,7 +467,9 @@ async def _decide_one(producer: TransactionProducer, admin: Admin, half: HalfRec
     topic, broker_name, queue_id, queue_offset, msg_id, offset_msg_id = half
     queue = MessageQueue(topic, broker_name, queue_id)
     resumed = False
-    for attempt in range(_DECIDE_TRIES):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + FAILOVER_WAIT_S
+    while True:
         try:
             await producer.decide(queue, queue_offset, offset_msg_id, msg_id, state)
             return
@@ -447,12 +485,14 @@ async def _decide_one(producer: TransactionProducer, admin: Admin, half: HalfRec
                 raise SinkError(f"half {offset_msg_id} ({topic}/{queue_id}@{queue_offset}) was decided the other "
                                 f"way before this commit: {exc}; {resume_exc}") from exc
             resumed = True
-        except BrokerError:
-            raise
+            continue
         except ClientError as exc:
-            if attempt + 1 == _DECIDE_TRIES:
+            # Not answered, or its broker group between leaders (which holds the half on every in-sync member:
+            # the next leader takes the decision). Deciding twice is harmless.
+            if not _between_leaders(exc) or loop.time() >= deadline:
                 raise
-            log.info("decision for half %s not answered (%s); sending it again", offset_msg_id, exc)
+            log.info("decision for half %s not taken (%s); sending it again", offset_msg_id, exc)
+        await asyncio.sleep(_RETRY_PAUSE_S)
 
 
 async def _decide_all(producer: TransactionProducer, admin: Admin, halves: list[HalfRecord],
@@ -479,7 +519,7 @@ def commit_batch(namesrv: str, group: str, log_broker: str, sink_id: str, batch_
     was rolled back first (a check found its owner gone)."""
     async def run() -> bool:
         producer, listener = sink_producer(namesrv, group)
-        decisions = listener.decision_log(log_broker)
+        decisions = listener.decision_log(log_broker, FAILOVER_WAIT_S)
         await producer.start()
         try:
             records = await decisions.read(sink_id, batch_id)
@@ -513,7 +553,7 @@ def abort_batch(namesrv: str, group: str, log_broker: str, sink_id: str, batch_i
     COMMIT is left to its commit."""
     async def run() -> None:
         producer, listener = sink_producer(namesrv, group)
-        decisions = listener.decision_log(log_broker)
+        decisions = listener.decision_log(log_broker, FAILOVER_WAIT_S)
         await producer.start()
         try:
             records = await decisions.read(sink_id, batch_id)
