@@ -157,6 +157,10 @@ class Producer:
             if resp.code in (ResponseCode.TOPIC_NOT_EXIST, ResponseCode.SERVICE_NOT_AVAILABLE):
                 # Not here (now): a follower, or a leader handing over its group, answers 14; ask the name servers.
                 self.instance.routes.invalidate(msg.topic)
+            if resp.code == ResponseCode.SERVICE_NOT_AVAILABLE:
+                # So does a leader whose group is short of in-sync members, until one is back: the next attempts go
+                # to the other brokers, as RocketMQ's producer retries on another broker.
+                self._isolate(target.broker_name)
         raise last or ClientError("send failed")
 
     def _target(self, topic: str, queues: list[MessageQueue], queue: MessageQueue | None) -> MessageQueue:

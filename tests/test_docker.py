@@ -15,18 +15,22 @@ a message is sent and consumed from the host with halfmq's Python client, throug
 the section's remaining commands (``docker exec ... admin``, ``docker stop``) run; the stopped broker must have
 exited with status 0. The daemon, and with it every image, container and volume, is removed at the end.
 
-test_compose_file_runs_a_cluster_of_two_name_servers_and_two_brokers runs docker-compose.yml's services with the
-image the README test built (one daemon for the module), as the ``docker run`` commands Compose would issue: Compose
-is not installed here (Debian has only the Python docker-compose 1.29; it ran this file against this daemon by hand).
+test_compose_file_runs_etcd_and_broker_groups_that_fail_over runs docker-compose.yml's services (name servers, a
+3-member etcd, two broker groups of two) with the image the README test built (one daemon for the module), as the
+``docker run`` commands Compose would issue: Compose is not installed here (Debian has only the Python
+docker-compose 1.29; it ran this file against this daemon by hand).
 
-Takes 1.5 minutes from a cold start on the 2-core CI machine, 3 when others load it: the base image 55-100 s
-(debootstrap, downloading every package), the build 20-40 s, start-up to healthy 12 s, the rest a few seconds.
+Takes about 3 minutes from a cold start on the 2-core CI machine while others load it (166-182 s measured): the
+base image 70-100 s (debootstrap, downloading every package), the build 40-50 s, the README's broker healthy in
+10 s, and the Compose test 20-40 s (its nine containers healthy, a failover, a member started again). The daemon's
+tmpfs held at most 0.75 GB.
 scripts/install_docker.sh installs docker.io and debootstrap.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import json
 import os
 import queue
@@ -238,8 +242,10 @@ def test_readme_docker_section_builds_runs_and_serves_on_another_port(dockerd):
 
 #: What the Compose test translates into ``docker run`` options; a service using anything else fails it, so the file
 #: cannot grow a setting the test would silently skip.
-COMPOSE_KEYS = {"image", "build", "entrypoint", "healthcheck", "ports", "networks", "depends_on", "environment",
-                "volumes"}
+COMPOSE_KEYS = {"image", "build", "entrypoint", "user", "healthcheck", "ports", "networks", "depends_on",
+                "environment", "volumes"}
+#: etcd's key naming a broker group's leader (broker/replication/election.py): ``{"id", "addr", "epoch"}``
+LEADER_KEY = "/halfmq/{cluster}/{group}/leader"
 
 
 def compose_file(variables: dict[str, str]) -> dict:
@@ -275,6 +281,8 @@ def compose_runs(compose: dict, ports: dict[str, str]) -> list[tuple[str, list[s
         argv += ["--network", compose["networks"][network]["name"]]
         if settings:
             argv += ["--ip", settings["ipv4_address"]]
+        if "user" in service:
+            argv += ["--user", service["user"]]
         for key, val in service.get("environment", {}).items():
             argv += ["-e", f"{key}={val}"]
         for volume in service.get("volumes", []):
@@ -306,34 +314,119 @@ def ensure_image(dockerd: Dockerd, readme_commands: list[list[str]]) -> str:
     return image
 
 
-async def cluster_list(dockerd: Dockerd, container: str, namesrv: str, broker_id: str = "0") -> dict[str, str]:
-    """brokerName → the address of its member ``broker_id`` (0: the leader), as ``halfmq admin clusterList`` run in
+@dataclasses.dataclass(frozen=True)
+class GroupMember:
+    """A broker service of docker-compose.yml: its container and who it is in its group."""
+    container: str
+    group: str
+    broker_id: str  #: the id it has in etcd's election, and in routes while it follows
+    ip: str
+
+    @property
+    def addr(self) -> str:
+        return f"{self.ip}:10911"
+
+    def metrics(self) -> dict[str, float]:
+        """Its unlabelled ``halfmq_replication_*`` gauges (replicationStatus is an admin request: with ACL off,
+        served to loopback clients only, so the test reads what each member publishes)."""
+        with urllib.request.urlopen(f"http://{self.ip}:5557/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+        return {name: float(value) for name, value in re.findall(r"^(halfmq_replication_\w+) (\S+)$", text, re.M)}
+
+
+def group_members(compose: dict) -> dict[str, list[GroupMember]]:
+    """brokerName → its members, as the broker services' variables say."""
+    groups: dict[str, list[GroupMember]] = collections.defaultdict(list)
+    for name, service in compose["services"].items():
+        env = service.get("environment", {})
+        if "HALFMQ_brokerName" in env:
+            groups[env["HALFMQ_brokerName"]].append(
+                GroupMember(name, env["HALFMQ_brokerName"], env["HALFMQ_brokerId"], env["HALFMQ_brokerIP1"]))
+    return dict(groups)
+
+
+async def cluster_list(dockerd: Dockerd, container: str, namesrv: str) -> dict[tuple[str, str], str]:
+    """(brokerName, brokerId) → address (brokerId 0: the group's leader), as ``halfmq admin clusterList`` run in
     ``container`` prints them."""
     done = await asyncio.to_thread(dockerd.docker, "exec", container, "halfmq", "admin", "-n", namesrv,
                                    "clusterList", "--json")
-    return {row["brokerName"]: row["addr"] for row in json.loads(done.stdout) if str(row["brokerId"]) == broker_id}
+    return {(row["brokerName"], str(row["brokerId"])): row["addr"] for row in json.loads(done.stdout)}
+
+
+async def etcd_leader(dockerd: Dockerd, etcd: str, cluster: str, group: str) -> str | None:
+    """The id of the member etcd names as ``group``'s leader (None while it names none), read with etcdctl in the
+    ``etcd`` container."""
+    done = await asyncio.to_thread(dockerd.docker, "exec", etcd, "etcdctl", "get", "--print-value-only",
+                                   LEADER_KEY.format(cluster=cluster, group=group))
+    return str(json.loads(done.stdout)["id"]) if done.stdout.strip() else None
+
+
+async def send(namesrv: str, count: int) -> collections.Counter:
+    """Sends ``count`` messages through the name servers; brokerName → how many each group acknowledged."""
+    landed = collections.Counter()
+    async with Producer("compose-test-producer", namesrv) as producer:
+        for i in range(count):
+            landed[(await producer.send(Message("ComposeTopic", b"%d" % i))).queue.broker_name] += 1
+    return landed
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="dockerd and debootstrap need root")
-async def test_compose_file_runs_a_cluster_of_two_name_servers_and_two_brokers(dockerd):
+async def test_compose_file_runs_etcd_and_broker_groups_that_fail_over(dockerd):
     """docker-compose.yml's services, run from the image as ``docker run`` commands (Compose is not installed
-    here): every container becomes healthy, each name server lists both brokers, sends from the host through the
-    published name-server ports land on both brokers and are stored, and a stopped broker leaves the routes."""
+    here): every container becomes healthy; etcd's three members form one cluster; each broker group's leader is
+    the member etcd names, in sync with its follower, and both name servers route to the two (the leader as brokerId
+    0); sends from the host through the published name-server ports land on both groups and are stored.
+
+    Then one group's leader is killed (docker kill): etcd names its follower, which the name servers route as
+    brokerId 0, and sends through them go on, to the other group only (minInSyncReplicas 2: a group takes writes
+    while both members have them); once the killed member is started again it follows, and the group takes sends
+    again. Last, the other group's leader is stopped (docker stop): it exits 0 and its follower leads at once."""
     image = ensure_image(dockerd, section_commands((REPO / PAGE).read_text(), SECTION))
     compose = compose_file({"HALFMQ_NET": dockerd.free_prefix()})
-    published = [port.split(":")[1] for service in compose["services"].values() for port in service.get("ports", [])]
+    services = compose["services"]
+    published = [port.split(":")[1] for service in services.values() for port in service.get("ports", [])]
     ports = dict(zip(published, free_ports(len(published))))
+    namesrv_addr = ";".join(f"127.0.0.1:{port}" for port in ports.values())
     runs = compose_runs(compose, ports)
-    assert {service["image"] for service in compose["services"].values()} == {image}
+    assert {service["image"] for service in services.values()} == {image}
     [network] = compose["networks"].values()
-    members = {(service["environment"]["HALFMQ_brokerName"], service["environment"].get("HALFMQ_brokerId", "0")):
-               f"{service['environment']['HALFMQ_brokerIP1']}:10911"
-               for service in compose["services"].values() if "environment" in service}
-    brokers = {name: addr for (name, broker_id), addr in members.items() if broker_id == "0"}
-    followers = {name: addr for (name, broker_id), addr in members.items() if broker_id == "1"}
-    namesrvs = [name for name, service in compose["services"].items() if "environment" not in service]
-    assert len(brokers) == 2 and len(followers) == 2 and len(namesrvs) == 2, (members, namesrvs)
+    groups = group_members(compose)
+    [cluster] = {service["environment"]["HALFMQ_brokerClusterName"] for service in services.values()
+                 if "HALFMQ_brokerName" in service.get("environment", {})}
+    etcds = [name for name, service in services.items() if "ETCD_NAME" in service.get("environment", {})]
+    namesrvs = [name for name, service in services.items() if "namesrv" in service.get("entrypoint", [])]
+    assert len(etcds) == 3 and len(namesrvs) == 2 and sorted(len(m) for m in groups.values()) == [2, 2], \
+        (etcds, namesrvs, groups)
+    assert all(service["environment"]["HALFMQ_haEtcdEndpoints"] == ",".join(f"{e}:2379" for e in etcds)
+               for members in groups.values() for service in (services[m.container] for m in members))
     events = {name: HealthEvents(dockerd, name) for name, _ in runs}
+
+    async def elected(group: str) -> tuple[GroupMember, GroupMember] | None:
+        """(leader, follower) once etcd names the group's leader, which leads by its metrics, with its follower
+        in sync; else None."""
+        leader_id = await etcd_leader(dockerd, etcds[0], cluster, group)
+        [leader] = [m for m in groups[group] if m.broker_id == leader_id] or [None]
+        if leader is None:
+            return None
+        [follower] = [m for m in groups[group] if m is not leader]
+        led, followed = await asyncio.gather(asyncio.to_thread(leader.metrics), asyncio.to_thread(follower.metrics))
+        if (led.get("halfmq_replication_leader"), led.get("halfmq_replication_in_sync_members"),
+                followed.get("halfmq_replication_leader")) == (1.0, 2.0, 0.0):
+            return leader, follower
+        return None
+
+    listed: dict[str, dict[tuple[str, str], str]] = {}  #: what each name server routed when last asked
+
+    async def routed(routes: dict[tuple[str, str], str]) -> bool:
+        """Both name servers route exactly ``routes``."""
+        for namesrv in namesrvs:
+            listed[namesrv] = await cluster_list(dockerd, namesrvs[0], f"{namesrv}:9876")
+        return all(answer == routes for answer in listed.values())
+
+    def routes_of(roles: dict[str, tuple[GroupMember, GroupMember]]) -> dict[tuple[str, str], str]:
+        return {key: addr for group, (leader, follower) in roles.items()
+                for key, addr in (((group, "0"), leader.addr), ((group, follower.broker_id), follower.addr))}
+
     try:
         dockerd.create_network(network["name"], network["ipam"]["config"][0]["subnet"])
         for name, argv in runs:
@@ -343,36 +436,54 @@ async def test_compose_file_runs_a_cluster_of_two_name_servers_and_two_brokers(d
                 watch.wait_healthy(HEALTH_TIMEOUT)
             except AssertionError as exc:
                 raise AssertionError(f"{name}: {exc}\n{diagnosis(dockerd, name)}") from None
-        for namesrv in namesrvs:
-            async def lists_both(namesrv=namesrv) -> bool:
-                return (await cluster_list(dockerd, "broker-0", f"{namesrv}:9876") == brokers
-                        and await cluster_list(dockerd, "broker-0", f"{namesrv}:9876", "1") == followers)
-            # a broker registers as it starts; one that started before a name server listened, 30 s later
-            await until(lists_both, 60, f"{namesrv} lists both brokers", interval=1)
-        async def groups_in_sync() -> bool:
-            # Each leader's metrics (replicationStatus is an admin request: with ACL off, served to loopback only)
-            def in_sync(addr: str) -> bool:
-                host = addr.rsplit(":", 1)[0]
-                with urllib.request.urlopen(f"http://{host}:5557/metrics", timeout=5) as answer:
-                    return "halfmq_replication_in_sync_members 2.0" in answer.read().decode()
-            return all(await asyncio.gather(*(asyncio.to_thread(in_sync, a) for a in brokers.values())))
-        await until(groups_in_sync, 90, "each broker's follower in sync", interval=1)
-        landed = collections.Counter()
-        async with Producer("compose-test-producer", ";".join(f"127.0.0.1:{port}" for port in ports.values())) \
-                as producer:
-            for i in range(40):
-                landed[(await producer.send(Message("ComposeTopic", b"%d" % i))).queue.broker_name] += 1
-        assert set(landed) == set(brokers), landed
-        status = json.loads(dockerd.docker("exec", "broker-1", "halfmq", "admin", "-n", ";".join(
+        members = json.loads(dockerd.docker("exec", etcds[0], "etcdctl", "member", "list", "-w", "json").stdout)
+        assert sorted((m["name"], m["peerURLs"], m["clientURLs"]) for m in members["members"]) == \
+            [(e, [f"http://{e}:2380"], [f"http://{e}:2379"]) for e in etcds]
+        checked = dockerd.docker("exec", etcds[0], "etcdctl", "endpoint", "health", "--cluster")
+        assert checked.stderr.count("is healthy") == 3, checked.stderr  # etcdctl reports health on stderr
+
+        roles = {}
+        for group in groups:
+            roles[group] = await until(lambda group=group: elected(group), 90, f"{group} has a leader on etcd",
+                                       interval=1)
+        # a broker registers as it starts, and again at once as it takes the lead
+        await until(lambda: routed(routes_of(roles)), 60, "both name servers route to each leader", interval=1)
+        landed = await send(namesrv_addr, 40)
+        assert set(landed) == set(groups), landed
+        status = json.loads(dockerd.docker("exec", namesrvs[0], "halfmq", "admin", "-n", ";".join(
             f"{n}:9876" for n in namesrvs), "topicStatus", "-t", "ComposeTopic", "--json").stdout)
         stored = collections.Counter()
         for row in status:
             stored[row["brokerName"]] += row["maxOffset"] - row["minOffset"]
         assert stored == landed
-        dockerd.docker("stop", "broker-1")
-        assert dockerd.docker("inspect", "--format", "{{.State.ExitCode}}", "broker-1").stdout.strip() == "0"
-        assert await cluster_list(dockerd, "broker-0", f"{namesrvs[0]}:9876") == \
-            {"broker-0": brokers["broker-0"]}, "a stopped broker unregisters as it stops"
+
+        failed, other = sorted(groups)[1], sorted(groups)[0]
+        killed, survivor = roles[failed]
+        dockerd.docker("kill", killed.container)
+        killed_at = time.monotonic()
+        async def took_over() -> bool:
+            return await etcd_leader(dockerd, etcds[0], cluster, failed) == survivor.broker_id
+        await until(took_over, 30, f"etcd names {survivor.container} {failed}'s leader", interval=0.2)
+        print(f"{survivor.container} elected {time.monotonic() - killed_at:.1f} s after the kill")
+        await until(lambda: routed({**routes_of({other: roles[other]}), (failed, "0"): survivor.addr}), 30,
+                    f"the name servers route {failed} to {survivor.container} alone", interval=0.5)
+        assert await send(namesrv_addr, 10) == {other: 10}, "a group of one member takes no writes"
+        dockerd.docker("start", killed.container)
+        roles[failed] = (survivor, killed)
+        await until(lambda: elected(failed), 90, f"{killed.container} follows {survivor.container}", interval=1)
+        await until(lambda: routed(routes_of(roles)), 60, f"both name servers route {failed}'s members", interval=1)
+        assert failed in await send(namesrv_addr, 40), f"{failed} takes sends again once both members are back"
+
+        leader, follower = roles[other]
+        dockerd.docker("stop", leader.container)
+        assert dockerd.docker("inspect", "--format", "{{.State.ExitCode}}", leader.container).stdout.strip() == "0"
+        # a stopped leader resigns its lease: the follower leads and registers without waiting for it to expire
+        await until(lambda: routed({**routes_of({failed: roles[failed]}), (other, "0"): follower.addr}), 5,
+                    f"{follower.container} leads {other} once {leader.container} stopped", interval=0.2)
+    except AssertionError as exc:
+        brokers = [m.container for members in groups.values() for m in members]
+        raise AssertionError(f"{exc}\nroutes listed last: {listed}\n" + "\n".join(
+            f"--- {name}\n{diagnosis(dockerd, name)}" for name in brokers)) from None
     finally:
         for watch in events.values():
             watch.close()

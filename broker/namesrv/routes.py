@@ -62,6 +62,12 @@ class RouteTable:
         if others + len(entry.topics) > self.max_topic_entries:
             return (f"{len(entry.topics)} topics would make {others + len(entry.topics)} kept over all brokers, more "
                     f"than namesrvMaxTopicEntries {self.max_topic_entries}")
+        # A member whose role changed (a follower elected leader, a leader that stepped down) registers under its
+        # new brokerId: its entry under the old one goes, as in RocketMQ's name server, so routes list one address
+        # once and never name a leader as its group's follower.
+        for stale in [k for k, e in self.brokers.items()
+                      if k != key and k[0] == entry.broker_name and e.addr == entry.addr]:
+            del self.brokers[stale]
         self.brokers[key] = entry
         return None
 

@@ -215,7 +215,7 @@ async def test_with_acl_only_an_admin_account_registers(tmp_path):
         await namesrv.stop()
 
 
-async def test_a_groups_leader_of_an_older_epoch_never_takes_the_route_back():
+async def test_a_groups_route_follows_its_newest_leader_and_lists_each_member_once():
     namesrv = await NamesrvProcess().start()
     try:
         client = await RawClient.connect(namesrv.addr)
@@ -232,6 +232,13 @@ async def test_a_groups_leader_of_an_older_epoch_never_takes_the_route_back():
         assert (await client.request(RequestCode.REGISTER_BROKER, ext, body)).code == ResponseCode.SUCCESS
         route = json.loads((await client.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "T1"})).body)
         assert route["brokerDatas"][0]["brokerAddrs"] == {"0": "127.0.0.1:3", "1": "127.0.0.1:4"}
+        # Members that swap roles are each listed once, under their new brokerId.
+        for broker_id, addr, listed in ((0, "127.0.0.1:4", {"0": "127.0.0.1:4"}),
+                                        (1, "127.0.0.1:3", {"0": "127.0.0.1:4", "1": "127.0.0.1:3"})):
+            ext, body = _registration(name="grp", broker_id=broker_id, epoch=4, brokerAddr=addr)
+            assert (await client.request(RequestCode.REGISTER_BROKER, ext, body)).code == ResponseCode.SUCCESS
+            route = json.loads((await client.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "T1"})).body)
+            assert route["brokerDatas"][0]["brokerAddrs"] == listed
         client.close()
     finally:
         await namesrv.stop()

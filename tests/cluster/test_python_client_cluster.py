@@ -87,3 +87,23 @@ async def test_a_push_consumer_joins_a_broker_that_joined_the_cluster_after_it_s
             assert await asyncio.wait_for(got.get(), 30) == b"on the late broker"
     finally:
         await cluster.stop()
+
+
+async def test_sends_go_on_at_the_other_brokers_while_one_refuses_them(tmp_path):
+    """A broker answering code 14 to a topic's sends (here a group's leader short of in-sync members, as after its
+    follower died: restarted with minInSyncReplicas 2 and no follower) fails none: the producer retries them on
+    another broker and avoids it a while, though the route still lists its queues."""
+    cluster = await LocalCluster(tmp_path, namesrvs=1, brokers=2).start()
+    try:
+        async with Producer("PG_SHORT_GROUP", cluster.namesrv_addr) as producer:
+            assert {(await producer.send(Message("ShortGroup", b"%d" % i))).queue.broker_name
+                    for i in range(20)} == {"broker-0", "broker-1"}
+        await cluster.brokers[1].stop()
+        cluster.brokers[1] = cluster.broker_process(1, "--minInSyncReplicas=2")
+        await cluster.brokers[1].start()
+        async with Producer("PG_SHORT_GROUP", cluster.namesrv_addr) as producer:
+            landed = collections.Counter([(await producer.send(Message("ShortGroup", b"%d" % i))).queue.broker_name
+                                          for i in range(20)])
+        assert landed == {"broker-0": 20}
+    finally:
+        await cluster.stop()
