@@ -17,8 +17,8 @@ exited with status 0. The daemon, and with it every image, container and volume,
 
 test_compose_file_runs_etcd_and_broker_groups_that_fail_over runs docker-compose.yml's services (name servers, a
 3-member etcd, two broker groups of two) with the image the README test built (one daemon for the module), as the
-``docker run`` commands Compose would issue: Compose is not installed here (Debian has only the Python
-docker-compose 1.29; it ran this file against this daemon by hand).
+``docker run`` commands Compose would issue: Compose is not among the test's tools (Debian has only the Python
+docker-compose 1.29, which ran this file against this daemon by hand: up, a leader killed and started again, down).
 
 Takes about 3 minutes from a cold start on the 2-core CI machine while others load it (166-182 s measured): the
 base image 70-100 s (debootstrap, downloading every package), the build 40-50 s, the README's broker healthy in
