@@ -372,8 +372,8 @@ async def send(namesrv: str, count: int) -> collections.Counter:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="dockerd and debootstrap need root")
 async def test_compose_file_runs_etcd_and_broker_groups_that_fail_over(dockerd):
-    """docker-compose.yml's services, run from the image as ``docker run`` commands (Compose is not installed
-    here): every container becomes healthy; etcd's three members form one cluster; each broker group's leader is
+    """docker-compose.yml's services, run from the image as ``docker run`` commands (see the module docstring):
+    every container becomes healthy; etcd's three members form one cluster; each broker group's leader is
     the member etcd names, in sync with its follower, and both name servers route to the two (the leader as brokerId
     0); sends from the host through the published name-server ports land on both groups and are stored.
 
