@@ -20,10 +20,10 @@ test_compose_file_runs_etcd_and_broker_groups_that_fail_over runs docker-compose
 ``docker run`` commands Compose would issue: Compose is not among the test's tools (Debian has only the Python
 docker-compose 1.29, which ran this file against this daemon by hand: up, a leader killed and started again, down).
 
-Takes about 3 minutes from a cold start on the 2-core CI machine while others load it (166-182 s measured): the
-base image 70-100 s (debootstrap, downloading every package), the build 40-50 s, the README's broker healthy in
-10 s, and the Compose test 20-40 s (its nine containers healthy, a failover, a member started again). The daemon's
-tmpfs held at most 0.75 GB.
+Takes 2-3 minutes from a cold start on the 2-core CI machine, the longer while others load it (103-182 s
+measured): the base image 50-100 s (debootstrap, downloading every package), the build 30-50 s, the README's broker
+healthy in 10 s, and the Compose test 25-40 s (its nine containers healthy, a failover, a member started again).
+The daemon's tmpfs held at most 0.75 GB.
 scripts/install_docker.sh installs docker.io and debootstrap.
 """
 from __future__ import annotations
