@@ -81,12 +81,8 @@ async def test_two_producers_of_a_group_check_goes_to_the_sender(broker_factory)
 
 
 async def test_producer_gone_then_back_checks_resume_without_burning_attempts(broker_factory):
-    broker = await broker_factory(transactionTimeOut=20, transactionCheckInterval=3_600_000, transactionCheckMax=1)
-    gone = Listener({"x": S.UNKNOW})
-    producer = TransactionProducer("TXG3", gone, broker.namesrv_addr)
-    await producer.start()
-    result = await producer.send_message_in_transaction(Message("TxT3", b"x", keys="x"))
-    await producer.close()
+    # Due a second after it is sent: its producer is gone by then (a check while it is still there would count).
+    broker = await broker_factory(transactionTimeOut=1000, transactionCheckInterval=3_600_000, transactionCheckMax=1)
     undeliverable = asyncio.Event()
     service = broker.ctx.check_back
     original = service.run_pass
@@ -98,7 +94,12 @@ async def test_producer_gone_then_back_checks_resume_without_burning_attempts(br
         return handled
 
     service.run_pass = observed
-    await asyncio.wait_for(undeliverable.wait(), 5)
+    gone = Listener({"x": S.UNKNOW})
+    producer = TransactionProducer("TXG3", gone, broker.namesrv_addr)
+    await producer.start()
+    result = await producer.send_message_in_transaction(Message("TxT3", b"x", keys="x"))
+    await producer.close()
+    await asyncio.wait_for(undeliverable.wait(), 10)
     half = broker.store.get_half(int(result.send_result.offset_msg_id[-16:], 16))
     assert half.checks == 0 and half.status.value == "PREPARED"
     back = Listener({}, {"x": S.COMMIT_MESSAGE})
