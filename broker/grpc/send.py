@@ -1,19 +1,18 @@
 """SendMessage, EndTransaction and RecallMessage: the gRPC adapter of the messaging service.
 
-A message is checked and stored by ProducerService (broker/messaging/producer.py), the rules a remoting send
-obeys; what is gRPC's own is decoding the Message (convert.py), the group a half is filed under (``%GRPC%``topic:
-5.x producers have no group) and a FIFO message's queue (``fifo_queue``: a group's messages keep their order in
-one queue). Sends, halves and decisions of concurrent calls go through one GroupCommit, so they share write
-groups.
+A message is decoded (convert.py) into a ``SendRequest`` and checked and stored by ``ProducerService.send``
+(broker/messaging/producer.py), the operation a remoting send calls; what is gRPC's own is the Message's form, the
+group a half is filed under (``%GRPC%``topic: 5.x producers have no group, ``SessionSender``) and how a session is
+known as a producer (the topics it publishes). Sends, halves and decisions of concurrent calls go through one
+GroupCommit, so they share write groups.
 """
 from __future__ import annotations
-
-import zlib
 
 from halfmq.protocol import properties as P
 from halfmq.protocol.codes import TransactionResolution as Resolution
 
 from ..errors import BrokerError, Failure
+from ..messaging.producer import Sender, SendRequest
 from .auth import PUB, TOPIC, Caller, require
 from .convert import peer_host, to_record
 from .group_commit import GroupCommit
@@ -28,9 +27,18 @@ _RESOLUTIONS = {TransactionResolution["COMMIT"]: Resolution.COMMIT,
                 TransactionResolution["ROLLBACK"]: Resolution.ROLLBACK}
 
 
-def fifo_queue(message_group: str, queues: int) -> int:
-    """A message group's queue: a stable hash (Python's str hash changes per process)."""
-    return zlib.crc32(message_group.encode()) % queues
+class SessionSender(Sender):
+    """A gRPC producer: its halves of a topic are filed under ``transaction_group(topic)``, and a half makes its
+    session a producer of that topic (checks go to it once its Telemetry stream is live)."""
+
+    __slots__ = ("sessions",)
+
+    def __init__(self, topic: str, session, sessions):
+        super().__init__(transaction_group(topic), session)
+        self.sessions = sessions
+
+    def half_sent(self, producers, group: str, topic: str) -> None:
+        self.sessions.publishes(self.channel, (topic,))
 
 
 class SendService:
@@ -73,7 +81,7 @@ class SendService:
         producer = self.producer
         topic = checked_topic(msg.topic)
         require(caller, (TOPIC, topic, PUB))
-        producer.check_topic(topic)
+        producer.check_topic(topic)  # before the body is decoded (a gzip body inflated): checked again by send
         producer.check_body(len(msg.body))
         gzipped = msg.system_properties.body_encoding == Encoding["GZIP"]
         if gzipped:
@@ -84,26 +92,13 @@ class SendService:
             if gzipped and exc.failure is Failure.BODY_TOO_LARGE:  # inflated to maxMessageSize for nothing
                 await self.refused.pay(caller.remote, producer.max_body)
             raise
-        producer.check_body(len(rec.body), "decompressed body")  # (a gzip body inflates no further than that)
-        props = rec.properties
-        transactional = props.get(P.TRAN_MSG) == "true"
-        group = transaction_group(topic) if transactional else None
-        config = await producer.topic_for_send(topic)
-        producer.check_message(config, topic, props, group)
-        message_group = props.get(P.SHARDING_KEY)
-        queue_id = producer.writable_queue(config, -1)
-        rec.queue_id = fifo_queue(message_group, config.write_queue_nums) if message_group else queue_id
-        producer.stamp(rec)
-        size = len(rec.body)
-        if transactional:
-            self.sessions.publishes(session, (topic,))
-            result, state = await self.writes.store(lambda: producer.prepare_half(rec, group, session))
+        request = SendRequest(rec, message_group=rec.properties.get(P.SHARDING_KEY))
+        result = await producer.send(request, SessionSender(topic, session, self.sessions), self.writes)
+        if request.half:
+            result, state = result
             entry.transaction_id = transaction_id(self.ctx.config.brokerName, result.physical_offset,
                                                   state.queue_offset)
-        else:
-            result = await self.writes.store(lambda: producer.submit_message(rec))
-            producer.stored(topic, size)
-        entry.message_id = props.get(P.UNIQ_KEY, "")
+        entry.message_id = rec.properties.get(P.UNIQ_KEY, "")
         entry.offset = result.queue_offset
 
     async def end_transaction(self, request, caller: Caller):

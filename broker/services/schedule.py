@@ -11,6 +11,7 @@ import asyncio
 import logging
 
 from halfmq.protocol import properties as P
+from halfmq.protocol.errors import MessageFormatError
 from halfmq.protocol.message import decode_record
 from halfmq.store import message_request
 from halfmq.store.ops import DeliverDelayed
@@ -20,6 +21,21 @@ from ..topics import SCHEDULE_TOPIC
 
 log = logging.getLogger(__name__)
 BATCH = 256
+
+
+def delay_level(props: dict[str, str]) -> int:
+    """The DELAY property as a level; 0 without one.
+
+    Raises:
+        MessageFormatError: the property is not an integer.
+    """
+    text = props.get(P.DELAY)
+    if not text:
+        return 0
+    try:
+        return int(text)
+    except ValueError:
+        raise MessageFormatError(f"the DELAY property {text!r} is not an integer") from None
 
 
 class ScheduleService:

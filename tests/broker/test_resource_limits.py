@@ -220,16 +220,16 @@ async def test_a_batch_is_bounded_in_total_size_and_count(broker_factory):
     c.close()
 
 
-async def test_a_connections_batches_are_prepared_in_turn(broker_factory):
+async def test_a_connections_batches_are_prepared_in_turn(broker_factory, monkeypatch):
     """Batches one connection pipelines are prepared one after the other, the first stored before the next is
     prepared. (Prepared side by side, a slice of each per loop turn, every batch was done only when all were: the
     Spark sink's four batch halves per task came back together, 180-270 ms after they were sent.)"""
+    from halfmq.broker.messaging import producer
     from halfmq.store.ops import PutMessages
 
     broker = await broker_factory()
-    processor = broker.dispatcher.handlers[RequestCode.SEND_BATCH_MESSAGE].__self__
     preparing, stored_after = [], []
-    prepare, submit = processor._prepare_batch, broker.store.submit
+    prepare, submit = producer.prepare_batch, broker.store.submit
 
     async def counted_prepare(*args):
         preparing.append(len(preparing))
@@ -240,7 +240,8 @@ async def test_a_connections_batches_are_prepared_in_turn(broker_factory):
             stored_after.append(len(preparing))  # how many batches had begun when this one was stored
         return submit(op)
 
-    processor._prepare_batch, broker.store.submit = counted_prepare, watched_submit
+    monkeypatch.setattr(producer, "prepare_batch", counted_prepare)
+    broker.store.submit = watched_submit
     c = await RawClient.connect(broker.addr)
     answers = await asyncio.gather(*(send_batch(c, batch_body(4000)) for _ in range(6)))  # 16 slices each
     assert [a.code for a in answers] == [ResponseCode.SUCCESS] * 6

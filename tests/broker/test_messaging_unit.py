@@ -1,0 +1,242 @@
+"""The messaging service's operations alone (broker/messaging/): no socket, no broker, no store. Each test calls one
+operation with a plain request and a sender, as either door would, against stand-ins that record what the service
+hands the store, so a rule of a flow is pinned where it lives."""
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from halfmq.broker.config import BrokerConfig
+from halfmq.broker.errors import BrokerError, Failure
+from halfmq.broker.messaging.batch import BatchRequest
+from halfmq.broker.messaging.producer import (DEFAULT_MAX_RECONSUME_TIMES, ProducerService, Sender, SendRequest,
+                                              fifo_queue, retry_limit)
+from halfmq.broker.topics import TopicConfig
+from halfmq.protocol import properties as P
+from halfmq.protocol.message import BatchItem, MessageRecord, encode_batch
+from halfmq.protocol.properties import encode_properties
+from halfmq.store.completion import Completion
+from halfmq.store.ops import PutMessage, PutMessages
+from halfmq.store.requests import PutResult
+
+
+class FakeStore:
+    """Records each op submitted; ``finish`` makes them durable, the n-th at offset n."""
+
+    def __init__(self):
+        self.ops: list = []
+        self.completions: list[Completion] = []
+
+    def submit(self, op) -> Completion:
+        completion = Completion(asyncio.get_running_loop())
+        self.ops.append(op)
+        self.completions.append(completion)
+        return completion
+
+    def finish(self) -> None:
+        for n, (op, completion) in enumerate(zip(self.ops, self.completions)):
+            if not completion.done():
+                if isinstance(op, PutMessages):
+                    completion.set_result([PutResult(100 + i, i, 0, 1) for i in range(len(op.requests))])
+                else:
+                    completion.set_result(PutResult(100 + n, n, 0, 1))
+
+
+class FakeTopics:
+    def __init__(self, *configs: TopicConfig):
+        self.configs = {c.name: c for c in configs}
+        self.created: list[str] = []
+
+    def get(self, name: str):
+        return self.configs.get(name)
+
+    async def ensure_for_send(self, name: str, default_topic: str, default_queue_nums: int) -> TopicConfig:
+        self.created.append(name)
+        config = self.configs[name] = TopicConfig(name, 4, 4)
+        return config
+
+
+class FakeTransactions:
+    def __init__(self, store: FakeStore):
+        self.store, self.prepared = store, []
+
+    def prepare(self, rec, group, channel, batch=None):
+        self.prepared.append((rec, group, channel, batch))
+        completion = Completion(asyncio.get_running_loop())
+        completion.set_result((PutResult(7, 3, 0, 1), SimpleNamespace(uniq="TX", queue_offset=3)))
+        return completion
+
+
+class FakeChannel:
+    """A connection as the service sees it: something a batch's turn can be kept for (weakly)."""
+
+
+class RecordingSender(Sender):
+    __slots__ = ("halves",)
+
+    def __init__(self, group, channel=None):
+        super().__init__(group, channel if channel is not None else FakeChannel())
+        self.halves = []
+
+    def half_sent(self, producers, group, topic):
+        self.halves.append((group, topic))
+
+
+def service(*configs: TopicConfig, **settings) -> tuple[ProducerService, FakeStore, SimpleNamespace]:
+    store = FakeStore()
+    ctx = SimpleNamespace(config=BrokerConfig(**settings), store=store, topics=FakeTopics(*configs),
+                          transactions=FakeTransactions(store), producers=None, metrics=None, store_host="1.2.3.4:5",
+                          timers=SimpleNamespace(deliver_at=lambda props: None),
+                          schedule=SimpleNamespace(max_level=18))
+    return ProducerService(ctx), store, ctx
+
+
+def message(topic: str, body: bytes = b"hello", **props: str) -> MessageRecord:
+    return MessageRecord(topic=topic, body=body, born_host="9.9.9.9:1", properties=dict(props))
+
+
+# --- send ---------------------------------------------------------------------------------------------------------
+async def test_a_send_to_a_known_topic_is_a_store_completion_of_one_stamped_put_to_the_queue_asked_for():
+    producer, store, _ctx = service(TopicConfig("T", 4, 4))
+    request = SendRequest(message("T", WAIT="true"), queue_id=2)
+    sent = producer.send(request, RecordingSender("PG"))
+    assert isinstance(sent, Completion)  # no task, no coroutine: the hot path
+    [op] = store.ops
+    assert isinstance(op, PutMessage) and request.queue_id == 2 and request.rec.queue_id == 2
+    assert P.WAIT not in request.rec.properties and request.rec.properties[P.CLUSTER] == producer.cluster
+    store.finish()
+    assert (await sent).queue_offset == 0 and not request.half
+
+
+async def test_a_send_refuses_before_anything_is_stored():
+    producer, store, _ctx = service(TopicConfig("T", 4, 4))
+    with pytest.raises(BrokerError) as refused:
+        producer.send(SendRequest(message("T", body=b"")), RecordingSender("PG"))
+    assert refused.value.failure is Failure.BODY_EMPTY
+    with pytest.raises(BrokerError) as refused:
+        producer.send(SendRequest(message("T"), queue_id=9), RecordingSender("PG"))
+    assert refused.value.failure is Failure.BAD_REQUEST
+    with pytest.raises(BrokerError) as refused:
+        producer.send(SendRequest(message("SCHEDULE_TOPIC_XXXX")), RecordingSender("PG"))
+    assert refused.value.failure is Failure.FORBIDDEN
+    assert store.ops == []
+
+
+async def test_a_send_to_an_unknown_topic_creates_it_then_stores():
+    producer, store, ctx = service()
+    sent = producer.send(SendRequest(message("New")), RecordingSender("PG"))
+    assert asyncio.isfuture(sent) and not isinstance(sent, Completion)
+    while not store.ops and not sent.done():
+        await asyncio.sleep(0)
+    store.finish()
+    await sent
+    assert ctx.topics.created == ["New"] and store.ops[0].request.topic == "New"
+
+
+@pytest.mark.parametrize("times, limit, to", [(15, None, "%RETRY%G"), (16, None, "%DLQ%G"), (2, 3, "%RETRY%G"),
+                                              (3, 3, "%DLQ%G"), (16, -1, "%DLQ%G")])
+async def test_a_retry_past_its_deliveries_goes_to_the_groups_dlq(times, limit, to):
+    producer, store, _ctx = service(TopicConfig("%RETRY%G", 1, 1), TopicConfig("%DLQ%G", 1, 1))
+    rec = message("%RETRY%G", DELAY="3")
+    rec.reconsume_times = times
+    sent = producer.send(SendRequest(rec, max_reconsume_times=limit), RecordingSender("PG"))
+    while not store.ops and not sent.done():
+        await asyncio.sleep(0)
+    store.finish()
+    await sent
+    op = store.ops[0]
+    if to.startswith("%DLQ%"):
+        assert op.request.topic == to and P.DELAY not in rec.properties
+    else:  # a retry keeps its delay level: it goes through the schedule topic
+        assert rec.properties[P.REAL_TOPIC] == to
+
+
+def test_the_retry_limit_is_the_consumers_else_the_default():
+    assert retry_limit(None) == retry_limit(-1) == DEFAULT_MAX_RECONSUME_TIMES
+    assert retry_limit(0) == 0 and retry_limit(5) == 5
+
+
+async def test_a_message_group_keeps_its_queue():
+    producer, store, _ctx = service(TopicConfig("T", 8, 8))
+    queues = set()
+    for _ in range(5):
+        request = SendRequest(message("T"), message_group="order-42")
+        producer.send(request, RecordingSender(None))
+        queues.add(request.queue_id)
+    assert queues == {fifo_queue("order-42", 8)}
+
+
+async def test_a_half_is_prepared_under_the_senders_group_and_its_producer_told():
+    producer, store, ctx = service(TopicConfig("T", 4, 4))
+    sender = RecordingSender("PG", channel="the-channel")
+    request = SendRequest(message("T", TRAN_MSG="true"), queue_id=1)
+    result, state = await producer.send(request, sender)
+    assert request.half and sender.halves == [("PG", "T")] and state.uniq == "TX"
+    [(rec, group, channel, batch)] = ctx.transactions.prepared
+    assert (rec.topic, group, channel, batch) == ("T", "PG", "the-channel", None) and store.ops == []
+
+
+async def test_a_half_naming_another_group_than_its_sender_is_refused():
+    producer, _store, ctx = service(TopicConfig("T", 4, 4))
+    with pytest.raises(BrokerError) as refused:
+        producer.send(SendRequest(message("T", TRAN_MSG="true", PGROUP="other")), RecordingSender("PG"))
+    assert refused.value.code == Failure.BAD_MESSAGE.value[0] and not ctx.transactions.prepared
+
+
+async def test_writes_go_through_the_callers_group_commit_when_given():
+    producer, store, _ctx = service(TopicConfig("T", 4, 4))
+    queued = []
+
+    class Writes:
+        def store(self, write):
+            queued.append(write)
+            return "future"
+
+    assert producer.send(SendRequest(message("T")), RecordingSender(None), Writes()) == "future"
+    assert store.ops == [] and len(queued) == 1
+    queued[0]()
+    assert len(store.ops) == 1
+
+
+# --- send_batch ---------------------------------------------------------------------------------------------------
+def batch(*bodies: bytes, **props: str) -> bytes:
+    return encode_batch([BatchItem(body, encode_properties(props)) for body in bodies])
+
+
+async def test_a_batch_is_stored_in_one_write_each_message_inheriting_the_batchs_properties():
+    producer, store, _ctx = service(TopicConfig("T", 4, 4))
+    sending = asyncio.ensure_future(producer.send_batch(
+        BatchRequest("T", batch(b"a", b"bb", b"ccc"), "KEYS\x01k\x02", queue_id=3), RecordingSender("PG")))
+    while not store.ops and not sending.done():
+        await asyncio.sleep(0)
+    store.finish()
+    sent = await sending
+    [op] = store.ops
+    assert isinstance(op, PutMessages) and len(op.requests) == 3 and sent.queue_id == 3 and sent.half is None
+    assert [r.queue_offset for r in sent.results] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("request_, failure", [
+    (BatchRequest("%RETRY%G", b"x"), Failure.BAD_MESSAGE),
+    (BatchRequest("T", b""), Failure.BODY_EMPTY),
+    (BatchRequest("T", batch(b"a", DELAY="2")), Failure.BAD_MESSAGE),
+    (BatchRequest("T", batch(b"a", TRAN_MSG="true")), Failure.BAD_MESSAGE),
+    (BatchRequest("T", batch(*[b"a"] * 5)), Failure.BAD_MESSAGE),  # over maxBatchMessageCount
+])
+async def test_a_refused_batch_stores_nothing(request_, failure):
+    producer, store, _ctx = service(TopicConfig("T", 4, 4), TopicConfig("%RETRY%G", 1, 1), maxBatchMessageCount=4)
+    with pytest.raises(BrokerError) as refused:
+        await producer.send_batch(request_, RecordingSender("PG"))
+    assert refused.value.failure is failure and store.ops == []
+
+
+async def test_a_batch_half_is_one_half_of_all_its_messages():
+    producer, store, ctx = service(TopicConfig("T", 4, 4))
+    sender = RecordingSender("PG")
+    sent = await producer.send_batch(BatchRequest("T", batch(b"a", b"b"), "TRAN_MSG\x01true\x02UNIQ_KEY\x01U1\x02",
+                                                  queue_id=0), sender)
+    [(half, group, _channel, requests)] = ctx.transactions.prepared
+    assert group == "PG" and len(requests) == 2 and half.properties[P.UNIQ_KEY] == "U1"
+    assert sent.half.uniq == "TX" and sender.halves == [("PG", "T")] and store.ops == []
