@@ -18,6 +18,7 @@ import enum
 from halfmq.protocol.codes import ResponseCode
 from halfmq.protocol.errors import ProtocolError
 from halfmq.store import errors as store_errors
+from halfmq.store.receipts import ReceiptError
 
 R = ResponseCode
 
@@ -55,6 +56,8 @@ class Failure(enum.Enum):
     UNSUPPORTED_FILTER = (R.SYSTEM_ERROR, "ILLEGAL_FILTER_EXPRESSION")  #: a filter type other than tags
     NO_SUBSCRIPTION = (R.SUBSCRIPTION_NOT_EXIST, "BAD_REQUEST")  #: a pull of a topic the group did not subscribe to
     STALE_SUBSCRIPTION = (R.SUBSCRIPTION_NOT_LATEST, "BAD_REQUEST")  #: a pull naming an older subscription
+    #: a receipt handle that names no receipt held now (acknowledged, handed out again, another broker's, garbled)
+    INVALID_RECEIPT = (R.SYSTEM_ERROR, "INVALID_RECEIPT_HANDLE")
 
     def __init__(self, remoting: int, grpc: str):
         self.remoting = remoting
@@ -103,6 +106,7 @@ _STORE_FAILURES: tuple[tuple[type, Failure | int], ...] = (
     (store_errors.HalfNotFoundError, Failure.UNKNOWN_TRANSACTION),
     (store_errors.HalfMismatchError, Failure.UNKNOWN_TRANSACTION),
     (store_errors.HalfConflictError, R.ILLEGAL_OPERATION),
+    (ReceiptError, Failure.INVALID_RECEIPT),
     (store_errors.StoreError, R.SYSTEM_ERROR),  # corrupt record, other store failures
 )
 

@@ -240,3 +240,102 @@ async def test_a_batch_half_is_one_half_of_all_its_messages():
     [(half, group, _channel, requests)] = ctx.transactions.prepared
     assert group == "PG" and len(requests) == 2 and half.properties[P.UNIQ_KEY] == "U1"
     assert sent.half.uniq == "TX" and sender.halves == [("PG", "T")] and store.ops == []
+
+
+# --- ReceiptService -----------------------------------------------------------------------------------------------
+class ReceiptStore:
+    """What the receipt model asks of a store: a queue of records, the receipts and cursor (``held``, ``cursor``),
+    and the ops it submits, each answered by ``answer(op)``."""
+
+    def __init__(self, records: list[bytes], held: list, cursor: int | None):
+        self.records, self.held, self.cursor = records, held, cursor
+        self.ops: list = []
+        self.answer = lambda op: None
+
+    def submit(self, op) -> Completion:
+        self.ops.append(op)
+        completion = Completion(asyncio.get_running_loop())
+        completion.set_result(self.answer(op))
+        return completion
+
+    def read_record(self, physical_offset: int) -> bytes | None:
+        return self.records[physical_offset] if physical_offset < len(self.records) else None
+
+    def min_offset(self, topic, queue_id):
+        return 0
+
+    def max_offset(self, topic, queue_id):
+        return len(self.records)
+
+    def read_queue(self, topic, queue_id, start, count, tag_codes, max_bytes):
+        return self.records[start:start + count], min(start + count, len(self.records))
+
+
+def receipt_service(monkeypatch, records=(), held=(), cursor=None, **settings):
+    from halfmq.broker.messaging import receipts
+
+    store = ReceiptStore(list(records), list(held), cursor)
+    monkeypatch.setattr(receipts, "read_receipts", lambda _store, *_key: list(store.held))
+    monkeypatch.setattr(receipts, "read_cursor", lambda _store, *_key: store.cursor)
+    offsets = SimpleNamespace(committed={}, get=lambda *key: None,
+                              commit=lambda g, t, q, o: offsets.committed.__setitem__((g, t, q), o))
+    woken = []
+
+    async def ensure_dlq(group):
+        return TopicConfig(f"%DLQ%{group}", 1, 1)
+
+    ctx = SimpleNamespace(config=BrokerConfig(brokerName="b1", **settings), store=store, offsets=offsets,
+                          topics=SimpleNamespace(ensure_dlq=ensure_dlq), store_host="1.2.3.4:5",
+                          long_poll=SimpleNamespace(wake_topic=woken.append))
+    consumer = SimpleNamespace(start_offset=lambda *key: 0)
+    return receipts.ReceiptService(ctx, consumer), store, woken
+
+
+def test_a_handle_names_its_broker_queue_offset_and_version_and_no_other_is_taken():
+    from halfmq.broker.messaging.receipts import parse_handle, receipt_handle
+
+    assert parse_handle(receipt_handle("b1", 3, 1000, 2**63), "b1") == (3, 1000, 2**63)
+    for bad in (receipt_handle("b2", 3, 1000, 7), "b1:3:x:7", "b1:-1:0:0", f"b1:{2**31:x}:0:0", "garbage"):
+        with pytest.raises(BrokerError) as refused:
+            parse_handle(bad, "b1")
+        assert refused.value.failure is Failure.INVALID_RECEIPT
+
+
+def test_the_stores_receipt_error_answers_invalid_receipt_at_either_door():
+    from halfmq.broker.errors import as_broker_error, grpc_code_name
+    from halfmq.store.receipts import ReceiptError
+
+    error = as_broker_error(ReceiptError("acknowledged meanwhile"))
+    assert error.failure is Failure.INVALID_RECEIPT and grpc_code_name(error) == "INVALID_RECEIPT_HANDLE"
+
+
+async def test_an_ack_answers_each_handle_and_moves_the_groups_offset(monkeypatch):
+    from halfmq.broker.messaging.receipts import receipt_handle
+    from halfmq.store.receipts import Receipt, ReceiptError
+
+    service, store, woken = receipt_service(monkeypatch, held=[Receipt(5, 0, 1, 0, 9, False)], cursor=6)
+    store.answer = lambda op: [None, ReceiptError("not held")]
+    service.renewing[("G", "T", 0, 4, 9)] = ("client", 10**15)
+    outcomes = await service.ack("G", "T", [receipt_handle("b1", 0, 4, 9), "b2:0:5:9", receipt_handle("b1", 0, 5, 1)])
+    assert outcomes[0] is None and [o.failure for o in outcomes[1:]] == [Failure.INVALID_RECEIPT] * 2
+    [op] = store.ops
+    assert op.items == [("G", "T", 0, 4, 9), ("G", "T", 0, 5, 1)]  # the foreign handle never reaches the store
+    assert service.renewing == {} and woken == ["T"]
+    assert service.ctx.offsets.committed == {("G", "T", 0): 5}  # the first message still held
+
+
+async def test_a_receipt_past_its_deliveries_goes_to_the_dlq_instead_of_out_again(monkeypatch):
+    from halfmq.protocol.message import encode_record
+    from halfmq.store.receipts import DeadLetter, Receipt, TakeReceipts
+
+    raw = bytes(encode_record(message("T", body=b"poison", UNIQ_KEY="U1")))
+    tired = Receipt(0, 0, 3, 0, 7, False)  # visible again, delivered 3 times
+    service, store, _woken = receipt_service(monkeypatch, records=[raw], held=[tired], cursor=1,
+                                             grpcMaxDeliveryAttempts=3)
+    taken, _next = await service.take("G", "T", [0], None, 8, 1 << 20, 30_000)
+    assert taken == []
+    [dead] = [op for op in store.ops if isinstance(op, DeadLetter)]
+    assert dead.request.topic == "%DLQ%G" and dead.queue_offset == 0
+    assert not any(isinstance(op, TakeReceipts) and op.again for op in store.ops)
+    assert service.dead_lettered == 1
+

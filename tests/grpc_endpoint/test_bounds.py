@@ -187,7 +187,7 @@ def test_a_receive_that_waited_for_a_busy_queue_looks_again_at_the_others(grpc_b
                                                    metadata=metadata(grpc_broker), timeout=20))) == 1
         assert service.SendMessage(send_request("Spread", b"second"), metadata=metadata(grpc_broker),
                                    timeout=20).status.code == Code.OK
-    receive = grpc_broker.broker.grpc.receive
+    receive = grpc_broker.broker.grpc.receive.receipts
     store = grpc_broker.broker.ctx.store
     holding = next(q for q in range(8) if store.max_offset("Spread", q) > (read_cursor(store, "Spreaders", "Spread", q)
                                                                             or 0))
@@ -217,7 +217,7 @@ def test_the_next_take_of_a_queue_does_not_wait_for_the_sync_of_the_one_before(g
     with stub(grpc_broker) as service:
         assert service.SendMessage(send_request("Pipelined", b"first"), metadata=metadata(grpc_broker),
                                    timeout=20).status.code == Code.OK
-    receive, store = grpc_broker.broker.grpc.receive, grpc_broker.broker.ctx.store
+    receive, store = grpc_broker.broker.grpc.receive.receipts, grpc_broker.broker.ctx.store
     holding = [q for q in range(8) if store.max_offset("Pipelined", q) > 0]
     store_records(grpc_broker, "Pipelined", [(b"second", 0)], queue_id=holding[0])  # both in one queue
     events: list[str] = []
@@ -254,7 +254,7 @@ def test_after_a_take_fails_the_next_take_of_its_queue_plans_from_the_store(grpc
     with stub(grpc_broker) as service:
         assert service.SendMessage(send_request("Chained", b"first"), metadata=metadata(grpc_broker),
                                    timeout=20).status.code == Code.OK
-    receive, store = grpc_broker.broker.grpc.receive, grpc_broker.broker.ctx.store
+    receive, store = grpc_broker.broker.grpc.receive.receipts, grpc_broker.broker.ctx.store
     holding = [q for q in range(8) if store.max_offset("Chained", q) > 0]
     store_records(grpc_broker, "Chained", [(b"second", 0)], queue_id=holding[0])
     submit = store.submit
@@ -307,12 +307,12 @@ def test_after_a_take_fails_the_next_take_of_its_queue_plans_from_the_store(grpc
 def test_a_queue_that_gave_nothing_is_passed_by_until_a_message_arrives(grpc_broker, monkeypatch):
     """Before: every receive planned every queue (read its receipts and cursor), though nothing had arrived since
     the last found nothing: 40% of a receive's CPU when receives found little."""
-    import halfmq.broker.grpc.receive as receive_module
+    import halfmq.broker.messaging.receipts as receive_module
     monkeypatch.setattr(receive_module, "NOTHING_RECHECK_MS", 600_000, raising=False)  # only an arrival counts
     with stub(grpc_broker) as service:
         assert service.SendMessage(send_request("Quiet", b"first"), metadata=metadata(grpc_broker),
                                    timeout=20).status.code == Code.OK
-    receive, store = grpc_broker.broker.grpc.receive, grpc_broker.broker.ctx.store
+    receive, store = grpc_broker.broker.grpc.receive.receipts, grpc_broker.broker.ctx.store
     planned: list[int] = []
     plan = receive._plan
 

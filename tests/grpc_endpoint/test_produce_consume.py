@@ -189,7 +189,7 @@ def test_auto_renewed_receipts_stay_invisible_and_keep_their_handle(grpc_broker,
     ack.group.name, ack.topic.name = "Pushers", "Renewed"
     ack.entries.add(message_id=answer.message.system_properties.message_id, receipt_handle=handle)
     assert raw_call(grpc_broker.endpoint, "AckMessage", ack).status.code == Code.OK  # the handle still holds
-    assert endpoint.receive.renewing == {}
+    assert endpoint.receive.receipts.renewing == {}
 
 
 def test_acknowledging_a_fifo_message_wakes_a_waiting_receive_for_the_next(grpc_broker, clients):
