@@ -5,9 +5,17 @@ its caller (broker/acl.py), call this layer and encode its answer; a refusal her
 ``Failure`` (broker/errors.py), which each door turns into its own code through the one error table. A rule added
 here holds for every door by construction; a rule written in an adapter is a bug.
 
-- ``producer``: message sends, batches and half prepares (names, sizes, message types, queues, delivery times,
-  transactional rules, the group a half is filed under), and the one write path to the store.
-- ``consumer``: what a consumer may read (a topic's readability, a queue's range) and where a group starts.
+Each operation takes a plain request (what the door decoded) and the caller's identity, and returns a completion
+or a result the door encodes; the door never calls back into the flow (RocketMQ 5 proxy's MessagingProcessor, with
+one adapter per protocol).
+
+- ``producer``: message sends and half prepares (``ProducerService.send``: names, sizes, message types, queues,
+  delivery times, transactional rules, the group a half is filed under, the retry limit) and the one write path
+  to the store; ``batch``: a batch's checks (``ProducerService.send_batch``).
+- ``consumer``: what a consumer may read (a topic's readability, a queue's range), where a group starts, and a
+  pull (``ConsumerService.pull``).
+- ``receipts``: the consumption model of receipts (pop, ack, change invisibility, dead-letter after the most
+  deliveries, auto-renewal), ``ReceiptService``.
 - ``dead_letter``: the copy of a message that goes to a group's %DLQ% topic, and what happens when none can be
   made.
 """

@@ -1,4 +1,5 @@
-"""PULL_MESSAGE (11) with tag filtering and long polling (reference §3.6).
+"""PULL_MESSAGE (11) with tag filtering and long polling (reference §3.6): the remoting adapter of
+``ConsumerService.pull`` (a ``PullRequest`` decoded from the header, its ``Pulled`` encoded as the answer).
 
 A held pull is answered through the dispatcher like any request in progress (a Deferred on its wake-up future).
 When it wakes while its connection's reader is behind (``Channel.unread_bytes`` over
@@ -13,23 +14,23 @@ from halfmq.protocol.headers import PullMessageRequestHeader
 
 from ..context import BrokerContext
 from ..dispatch import Deferred
-from ..errors import BrokerError, Failure
-from ..messaging.consumer import ConsumerService
+from ..messaging.consumer import ConsumerService, PullRequest, PullStatus
 from ..names import check_group, check_topic
-from ..services.clients import parse_subscription
 from ..services.long_poll import HeldPull
 
 
 #: Stock clients hold for 15 s (Java) or 20 s (Go); anything longer is capped.
 MAX_SUSPEND_MS = 60_000
+#: the service's outcome of a pull → its remoting code
+_CODES = {PullStatus.FOUND: ResponseCode.SUCCESS, PullStatus.NOT_FOUND: ResponseCode.PULL_NOT_FOUND,
+          PullStatus.NO_MATCH: ResponseCode.PULL_RETRY_IMMEDIATELY,
+          PullStatus.OFFSET_MOVED: ResponseCode.PULL_OFFSET_MOVED}
 
 
 class PullProcessor:
     def __init__(self, ctx: BrokerContext, consumer: ConsumerService):
         self.ctx = ctx
         self.consumer = consumer
-        self.max_count = ctx.config.maxTransferCountOnMessageInMemory
-        self.max_bytes = ctx.config.maxTransferBytesOnMessageInMemory
         self.max_unread = ctx.config.serverMaxUnreadBytesPerConnection
         ctx.long_poll.configure(ctx.config.longPollingMaxHeldPerConnection, ctx.config.longPollingMaxHeld)
 
@@ -45,68 +46,32 @@ class PullProcessor:
         check_topic(header.topic, "topic")
         return self.process(channel, cmd, header, first=True)
 
-    def _filter(self, header: PullMessageRequestHeader):
-        if header.sysFlag & PullSysFlag.SUBSCRIPTION:
-            if (header.expressionType or "TAG") != "TAG":
-                raise BrokerError(Failure.UNSUPPORTED_FILTER,
-                                  "The broker does not support consumer to filter message by "
-                                  f"{header.expressionType}")
-            return parse_subscription(header.topic, header.subscription).tag_codes
-        sub = self.ctx.consumers.subscription(header.consumerGroup, header.topic)
-        if sub is None:
-            raise BrokerError(Failure.NO_SUBSCRIPTION,
-                              f"the consumer's subscription not exist, group: {header.consumerGroup}")
-        if sub.sub_version < header.subVersion:
-            raise BrokerError(Failure.STALE_SUBSCRIPTION, "the consumer's subscription not latest")
-        return sub.tag_codes
-
     def process(self, channel, cmd: RemotingCommand, header: PullMessageRequestHeader,
                 first: bool) -> RemotingCommand | None:
-        ctx = self.ctx
-        topic, queue_id, offset = header.topic, header.queueId, header.queueOffset
-        config = self.consumer.readable_topic(topic)
-        self.consumer.check_queue(config, queue_id)
-        tag_codes = self._filter(header)
-        if first and header.sysFlag & PullSysFlag.COMMIT_OFFSET:
-            ctx.offsets.commit(header.consumerGroup, topic, queue_id, header.commitOffset)
-        store = ctx.store
-        min_offset = store.min_offset(topic, queue_id)
-        max_offset = store.max_offset(topic, queue_id)
-        body = b""
-        if max_offset == 0:
-            code = ResponseCode.PULL_OFFSET_MOVED if offset != 0 else ResponseCode.PULL_NOT_FOUND
-            next_offset, remark = 0, "NO_MESSAGE_IN_QUEUE"
-        elif offset < min_offset:
-            code, next_offset, remark = ResponseCode.PULL_OFFSET_MOVED, min_offset, "OFFSET_TOO_SMALL"
-        elif offset == max_offset:
-            code, next_offset, remark = ResponseCode.PULL_NOT_FOUND, offset, "OFFSET_OVERFLOW_ONE"
-        elif offset > max_offset:
-            code, next_offset, remark = ResponseCode.PULL_OFFSET_MOVED, max_offset, "OFFSET_OVERFLOW_BADLY"
-        else:
-            wanted = max(1, min(header.maxMsgNums, self.max_count))
-            records, next_offset = store.read_queue(topic, queue_id, offset, wanted, tag_codes, self.max_bytes)
-            if records:
-                code, remark, body = ResponseCode.SUCCESS, "FOUND", b"".join(records)
-                if ctx.metrics is not None:
-                    ctx.metrics.message_out(topic, header.consumerGroup, len(records), len(body))
-            else:
-                code, remark = ResponseCode.PULL_RETRY_IMMEDIATELY, "NO_MATCHED_MESSAGE"
+        subscribed = header.sysFlag & PullSysFlag.SUBSCRIPTION
+        request = PullRequest(header.consumerGroup, header.topic, header.queueId, header.queueOffset,
+                              header.maxMsgNums,
+                              (header.expressionType, header.subscription) if subscribed else None,
+                              header.subVersion,
+                              header.commitOffset if first and header.sysFlag & PullSysFlag.COMMIT_OFFSET else None)
+        pulled = self.consumer.pull(request)
+        code = _CODES[pulled.status]
         if (code == ResponseCode.PULL_NOT_FOUND and first and header.sysFlag & PullSysFlag.SUSPEND
-                and ctx.config.longPollingEnable and header.suspendTimeoutMillis > 0):
+                and self.ctx.config.longPollingEnable and header.suspendTimeoutMillis > 0):
             hold_s = min(header.suspendTimeoutMillis, MAX_SUSPEND_MS) / 1000
-            pull = HeldPull(topic, queue_id, offset, channel)
-            ctx.long_poll.hold(pull, hold_s)
+            pull = HeldPull(header.topic, header.queueId, header.queueOffset, channel)
+            self.ctx.long_poll.hold(pull, hold_s)
             return Deferred(pull.future, lambda _woken: self.resume(channel, cmd, header))
-        return cmd.response(code, remark, {
-            "suggestWhichBrokerId": "0", "nextBeginOffset": str(next_offset),
-            "minOffset": str(min_offset), "maxOffset": str(max_offset)}, body)
+        return cmd.response(code, pulled.remark, {
+            "suggestWhichBrokerId": "0", "nextBeginOffset": str(pulled.next_offset),
+            "minOffset": str(pulled.min_offset), "maxOffset": str(pulled.max_offset)},
+            b"".join(pulled.records) if pulled.records else b"")
 
     def resume(self, channel, cmd: RemotingCommand, header: PullMessageRequestHeader) -> RemotingCommand:
         """A held pull woke up: run it once more, without holding, unless its reader is behind."""
         if channel.unread_bytes > self.max_unread:
-            store = self.ctx.store
+            min_offset, max_offset = self.consumer.queue_bounds(header.topic, header.queueId)
             return cmd.response(ResponseCode.PULL_RETRY_IMMEDIATELY, "the connection's answers are not being read", {
                 "suggestWhichBrokerId": "0", "nextBeginOffset": str(header.queueOffset),
-                "minOffset": str(store.min_offset(header.topic, header.queueId)),
-                "maxOffset": str(store.max_offset(header.topic, header.queueId))})
+                "minOffset": str(min_offset), "maxOffset": str(max_offset)})
         return self.process(channel, cmd, header, first=False)

@@ -339,3 +339,63 @@ async def test_a_receipt_past_its_deliveries_goes_to_the_dlq_instead_of_out_agai
     assert not any(isinstance(op, TakeReceipts) and op.again for op in store.ops)
     assert service.dead_lettered == 1
 
+
+# --- ConsumerService.pull -----------------------------------------------------------------------------------------
+def consumer_service(records: list[bytes], start: int = 0, subscription=None):
+    from halfmq.broker.messaging.consumer import ConsumerService
+
+    committed = {}
+    store = SimpleNamespace(min_offset=lambda t, q: start, max_offset=lambda t, q: start + len(records),
+                            read_queue=lambda t, q, offset, count, tags, max_bytes: (
+                                records[offset - start:offset - start + count],
+                                min(offset + count, start + len(records))))
+    ctx = SimpleNamespace(config=BrokerConfig(), store=store, metrics=None,
+                          topics=FakeTopics(TopicConfig("T", 2, 2)),
+                          consumers=SimpleNamespace(subscription=lambda group, topic: subscription),
+                          offsets=SimpleNamespace(commit=lambda *key: committed.__setitem__(key[:3], key[3])))
+    return ConsumerService(ctx), committed
+
+
+@pytest.mark.parametrize("records, start, offset, status, next_offset, remark", [
+    ([], 0, 0, "NOT_FOUND", 0, "NO_MESSAGE_IN_QUEUE"),
+    ([], 0, 3, "OFFSET_MOVED", 0, "NO_MESSAGE_IN_QUEUE"),
+    ([b"a", b"b"], 5, 2, "OFFSET_MOVED", 5, "OFFSET_TOO_SMALL"),
+    ([b"a", b"b"], 5, 7, "NOT_FOUND", 7, "OFFSET_OVERFLOW_ONE"),
+    ([b"a", b"b"], 5, 9, "OFFSET_MOVED", 7, "OFFSET_OVERFLOW_BADLY"),
+    ([b"a", b"b"], 5, 6, "FOUND", 7, "FOUND"),
+])
+def test_a_pull_answers_what_its_offset_finds(records, start, offset, status, next_offset, remark):
+    from halfmq.broker.messaging.consumer import PullRequest
+
+    service, _committed = consumer_service(records, start)
+    pulled = service.pull(PullRequest("G", "T", 1, offset, 32, ("TAG", "*")))
+    assert (pulled.status.name, pulled.next_offset, pulled.remark) == (status, next_offset, remark)
+    assert (pulled.min_offset, pulled.max_offset) == (start, start + len(records))
+    assert pulled.records == (records[offset - start:] if status == "FOUND" else [])
+
+
+def test_a_pull_commits_the_groups_progress_first_and_reads_with_its_subscription():
+    from halfmq.broker.messaging.consumer import PullRequest, PullStatus
+
+    subscription = SimpleNamespace(sub_version=3, tag_codes=None)
+    service, committed = consumer_service([b"a"], subscription=subscription)
+    pulled = service.pull(PullRequest("G", "T", 0, 0, 32, None, sub_version=3, commit_offset=0))
+    assert pulled.status is PullStatus.FOUND and committed == {("G", "T", 0): 0}
+    with pytest.raises(BrokerError) as refused:
+        service.pull(PullRequest("G", "T", 0, 0, 32, None, sub_version=4))
+    assert refused.value.failure is Failure.STALE_SUBSCRIPTION
+
+
+@pytest.mark.parametrize("request_args, failure", [
+    (("G", "Nope", 0, 0, 1, ("TAG", "*")), Failure.TOPIC_NOT_FOUND),
+    (("G", "T", 2, 0, 1, ("TAG", "*")), Failure.BAD_REQUEST),
+    (("G", "T", 0, 0, 1, ("SQL92", "a > 1")), Failure.UNSUPPORTED_FILTER),
+    (("G", "T", 0, 0, 1, None), Failure.NO_SUBSCRIPTION),
+])
+def test_a_pull_is_refused_before_anything_is_read_or_committed(request_args, failure):
+    from halfmq.broker.messaging.consumer import PullRequest
+
+    service, committed = consumer_service([b"a"])
+    with pytest.raises(BrokerError) as refused:
+        service.pull(PullRequest(*request_args, commit_offset=0))
+    assert refused.value.failure is failure and committed == {}
