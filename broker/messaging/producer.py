@@ -144,16 +144,18 @@ class ProducerService:
             if writes is None:
                 return self.ctx.transactions.prepare(rec, group, sender.channel)
             return writes.store(lambda: self.ctx.transactions.prepare(rec, group, sender.channel))
-        if writes is None:
-            return self._submit_counted(rec)
-        return writes.store(lambda: self._submit_counted(rec))
+        if writes is not None:
+            return writes.store(lambda: self._submit_counted(rec))
+        return self._submit_counted(rec)
 
     def _submit_counted(self, rec: MessageRecord) -> Completion:
+        """submit_message, and the message counted once it is stored."""
+        metrics = self.ctx.metrics
+        if metrics is None:
+            return self.submit_message(rec)
         topic, size = rec.topic, len(rec.body)
         completion = self.submit_message(rec)
-        metrics = self.ctx.metrics
-        if metrics is not None:
-            completion.add_done_callback(lambda done: done.exception() is None and metrics.message_in(topic, size, 1))
+        completion.add_done_callback(lambda done: done.exception() is None and metrics.message_in(topic, size, 1))
         return completion
 
     async def send_batch(self, request: BatchRequest, sender: Sender) -> BatchSent:
