@@ -146,14 +146,7 @@ class ProducerService:
             return writes.store(lambda: self.ctx.transactions.prepare(rec, group, sender.channel))
         if writes is not None:
             return writes.store(lambda: self._submit_counted(rec))
-        # _submit_counted inlined: a call less on every remoting send
-        metrics = self.ctx.metrics
-        if metrics is None:
-            return self.submit_message(rec)
-        topic, size = rec.topic, len(rec.body)
-        completion = self.submit_message(rec)
-        completion.add_done_callback(lambda done: done.exception() is None and metrics.message_in(topic, size, 1))
-        return completion
+        return self._submit_counted(rec)
 
     def _submit_counted(self, rec: MessageRecord) -> Completion:
         """submit_message, and the message counted once it is stored."""
