@@ -213,12 +213,29 @@ class PushConsumer:
                 await asyncio.sleep(ERROR_BACKOFF_S)  # back off before retrying a failing broker
                 continue
             if result.status is PullStatus.FOUND:
-                for start in range(0, len(result.messages), self.batch_size):
-                    await self._deliver(result.messages[start:start + self.batch_size])
+                # A close while the listener has the messages lets it finish and counts what it consumed: cut off
+                # there, the offset stayed behind and the queue's next consumer got them again.
+                stopping = asyncio.Event()  # set when this queue's consumption is stopped (close, rebalance)
+                delivery = asyncio.ensure_future(self._deliver_all(result.messages, stopping))
+                try:
+                    await asyncio.shield(delivery)
+                except asyncio.CancelledError:
+                    stopping.set()
+                    if await delivery:  # else what was neither consumed nor sent back goes to the next consumer
+                        self.offsets[queue] = result.next_begin_offset
+                    raise
             offset = result.next_begin_offset
             self.offsets[queue] = offset
 
-    async def _deliver(self, messages: list[MessageExt]) -> None:
+    async def _deliver_all(self, messages: list[MessageExt], stopping: asyncio.Event) -> bool:
+        for start in range(0, len(messages), self.batch_size):
+            if not await self._deliver(messages[start:start + self.batch_size], stopping):
+                return False
+        return True
+
+    async def _deliver(self, messages: list[MessageExt], stopping: asyncio.Event) -> bool:
+        """Hand ``messages`` to the listener; False when ``stopping`` cut off sending back what it asked to see
+        later (a broker refusing send-backs never holds a close or a rebalance)."""
         for msg in messages:  # retried messages are shown with the topic they were first sent to
             original = msg.properties.get(P.RETRY_TOPIC)
             if original and msg.topic.startswith(RETRY_PREFIX):
@@ -232,15 +249,18 @@ class PushConsumer:
             log.warning("listener of %s failed: %s", self.group, exc)
             status = ConsumeStatus.RECONSUME_LATER
         if status is None or status is ConsumeStatus.SUCCESS:
-            return
+            return True
         for msg in messages:
-            while not self._stop.is_set():
+            while True:
+                if stopping.is_set():
+                    return False
                 try:
                     await self.puller.send_back(msg, 0, self.max_reconsume_times)
                     break
                 except ClientError as exc:
                     log.warning("send-back of %s failed, retrying: %s", msg.msg_id, exc)
                     await asyncio.sleep(ERROR_BACKOFF_S)
+        return True
 
     async def _persist(self, queue: MessageQueue) -> None:
         offset = self.offsets.get(queue)

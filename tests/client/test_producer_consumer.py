@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 from halfmq.client import (
@@ -159,6 +160,46 @@ async def test_push_consumer_resumes_from_persisted_offsets_and_retries_failures
 
         again = PushConsumer("RCG", broker.namesrv_addr, second, ConsumeFrom.FIRST_OFFSET)
         again.subscribe("RetryT")
+        await again.start()
+        await asyncio.wait_for(seen.wait(), 20)
+        await again.close()
+        assert later == [b"later"]
+
+
+async def test_a_push_consumer_closed_while_its_listener_runs_counts_what_the_listener_consumed(broker_factory):
+    """close() while the listener has a message: the listener finishes, and its SUCCESS is persisted. Before, the
+    delivery was cancelled and the offset stayed behind: the group's next consumer got the message again."""
+    broker = await broker_factory()
+    handed, release = asyncio.Event(), threading.Event()
+    loop = asyncio.get_running_loop()
+
+    def listener(msgs):  # a plain function: runs in an executor thread
+        loop.call_soon_threadsafe(handed.set)
+        release.wait(20)
+        return ConsumeStatus.SUCCESS
+
+    async with Producer("PG", broker.namesrv_addr) as producer:
+        await producer.send(Message("CloseT", b"first"))
+        consumer = PushConsumer("CCG", broker.namesrv_addr, listener, ConsumeFrom.FIRST_OFFSET)
+        consumer.subscribe("CloseT")
+        await consumer.start()
+        await asyncio.wait_for(handed.wait(), 20)
+        closing = asyncio.ensure_future(consumer.close())
+        async with asyncio.timeout(20):
+            while consumer.tasks:  # close() has taken the queues' tasks to stop them
+                await asyncio.sleep(0)
+        release.set()
+        await asyncio.wait_for(closing, 20)
+        await producer.send(Message("CloseT", b"later"))
+        seen = asyncio.Event()
+        later: list[bytes] = []
+
+        async def second(msgs):
+            later.extend(m.body for m in msgs)
+            seen.set()
+
+        again = PushConsumer("CCG", broker.namesrv_addr, second, ConsumeFrom.FIRST_OFFSET)
+        again.subscribe("CloseT")
         await again.start()
         await asyncio.wait_for(seen.wait(), 20)
         await again.close()
