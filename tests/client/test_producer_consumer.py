@@ -126,6 +126,23 @@ async def test_push_consumers_share_the_queues_and_receive_everything_once(broke
     assert received["one"] and received["two"]
 
 
+async def next_consumer_gets(broker, group: str, topic: str) -> list[bytes]:
+    """What the group's next push consumer of ``topic`` is handed first (where its persisted offsets say)."""
+    seen = asyncio.Event()
+    got: list[bytes] = []
+
+    async def listener(msgs):
+        got.extend(m.body for m in msgs)
+        seen.set()
+
+    consumer = PushConsumer(group, broker.namesrv_addr, listener, ConsumeFrom.FIRST_OFFSET)
+    consumer.subscribe(topic)
+    await consumer.start()
+    await asyncio.wait_for(seen.wait(), 20)
+    await consumer.close()
+    return got
+
+
 async def test_push_consumer_resumes_from_persisted_offsets_and_retries_failures(broker_factory):
     broker = await broker_factory(messageDelayLevel="10ms 10ms 10ms 10ms 10ms")
     attempts: dict[bytes, int] = {}
@@ -151,19 +168,7 @@ async def test_push_consumer_resumes_from_persisted_offsets_and_retries_failures
         await consumer.close()
         assert attempts == {b"flaky": 2, b"steady": 1}
         await producer.send(Message("RetryT", b"later"))
-        seen = asyncio.Event()
-        later: list[bytes] = []
-
-        async def second(msgs):
-            later.extend(m.body for m in msgs)
-            seen.set()
-
-        again = PushConsumer("RCG", broker.namesrv_addr, second, ConsumeFrom.FIRST_OFFSET)
-        again.subscribe("RetryT")
-        await again.start()
-        await asyncio.wait_for(seen.wait(), 20)
-        await again.close()
-        assert later == [b"later"]
+        assert await next_consumer_gets(broker, "RCG", "RetryT") == [b"later"]
 
 
 async def test_a_push_consumer_closed_while_its_listener_runs_counts_what_the_listener_consumed(broker_factory):
@@ -191,19 +196,7 @@ async def test_a_push_consumer_closed_while_its_listener_runs_counts_what_the_li
         release.set()
         await asyncio.wait_for(closing, 20)
         await producer.send(Message("CloseT", b"later"))
-        seen = asyncio.Event()
-        later: list[bytes] = []
-
-        async def second(msgs):
-            later.extend(m.body for m in msgs)
-            seen.set()
-
-        again = PushConsumer("CCG", broker.namesrv_addr, second, ConsumeFrom.FIRST_OFFSET)
-        again.subscribe("CloseT")
-        await again.start()
-        await asyncio.wait_for(seen.wait(), 20)
-        await again.close()
-        assert later == [b"later"]
+        assert await next_consumer_gets(broker, "CCG", "CloseT") == [b"later"]
 
 
 def test_blocking_facade(tmp_path):
