@@ -133,6 +133,11 @@ def rss_mib() -> float:
     return 0.0
 
 
+#: the admin's writes (setup, probes) are not what is tested: CI once took more than 5 s for the first topic's durable write while
+#: the suite's slow tests (image builds, JVMs) started beside it
+SETUP_TIMEOUT_S = 30.0
+
+
 class Violation(AssertionError):
     pass
 
@@ -178,7 +183,7 @@ class Fuzzer:
             ext = {"topic": topic, "defaultTopic": "TBW102", "readQueueNums": 2, "writeQueueNums": 2, "perm": 6,
                    "topicFilterType": "SINGLE_TAG", "order": "false"}
             r = await self.admin.request(RequestCode.UPDATE_AND_CREATE_TOPIC, ADMIN.sign(
-                {k: str(v) for k, v in ext.items()}, b""))
+                {k: str(v) for k, v in ext.items()}, b""), timeout=SETUP_TIMEOUT_S)
             assert r.code == ResponseCode.SUCCESS, r.remark
         for i in range(4):
             r = await self.admin_send("Secret", b"CLASSIFIED-%d" % i, keys="K-SECRET")
@@ -204,7 +209,7 @@ class Fuzzer:
         properties = {P.UNIQ_KEY: _uniq.next(), P.WAIT: "true", **({P.KEYS: keys} if keys else {}), **(props or {})}
         ext = {"a": group, "b": topic, "c": "TBW102", "d": "4", "e": "0", "f": str(sys_flag), "g": now_ms(), "h": "0",
                "i": encode_properties(properties), "j": "0", "k": "false"}
-        r = await self.admin.request(RequestCode.SEND_MESSAGE_V2, ADMIN.sign(ext, body), body)
+        r = await self.admin.request(RequestCode.SEND_MESSAGE_V2, ADMIN.sign(ext, body), body, timeout=SETUP_TIMEOUT_S)
         assert r.code == ResponseCode.SUCCESS, r.remark
         return r
 
