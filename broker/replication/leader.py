@@ -262,7 +262,9 @@ class ReplicationLeader:
 
     def _join(self, session: FollowerSession) -> None:
         """A follower holding everything committed joins the in-sync set: from now on it is waited for."""
-        if session.in_sync or not session.streaming or session.acked < self.committed:
+        # Against what may be released by the next _commit, not what was: a member joining between the two would
+        # be in the set (electable) without records its leader is about to answer for.
+        if session.in_sync or not session.streaming or session.acked < self._committing:
             return
         session.in_sync = True
         self.ghosts.pop(session.broker_id, None)  # counted as itself from now on
