@@ -326,7 +326,8 @@ class Member:
         message."""
         if self.proc is None:
             return None
-        if self.proc.returncode is None:
+        asked = self.proc.returncode is None
+        if asked:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 await asyncio.wait_for(self.proc.wait(), timeout)
@@ -338,7 +339,8 @@ class Member:
             await self.exited()
             return None
         status = await self.exited()
-        if status != 0:
+        # A member still starting has no handler for SIGTERM yet: it ends by the signal, as it was asked to.
+        if status != 0 and not (asked and status == -signal.SIGTERM):
             return f"{self.name} ended with status {status}{self.last_output()}"
         return None
 
