@@ -50,8 +50,8 @@ class CheckBackService:
         self.interval_ms = cfg.transactionCheckInterval
         self.max_checks = cfg.transactionCheckMax
         self.max_unread = cfg.transactionCheckMaxUnreadBytes
-        #: half offset → (channel, time.monotonic()) of its last check, until the half comes up again.
-        self._last_check: dict[int, tuple[weakref.ref, float]] = {}
+        #: half offset → (channel, time.monotonic(), group) of its last check, until the half comes up again.
+        self._last_check: dict[int, tuple[weakref.ref, float, str]] = {}
         self._round_robin = 0
         self.checks_taken_back = 0
         self.waiting_for_producer: dict[str, set[int]] = {}
@@ -141,7 +141,11 @@ class CheckBackService:
             self.schedule_at(head[0])
 
     def producer_registered(self, group: str, _channel) -> None:
-        offsets = self.waiting_for_producer.pop(group, None)
+        offsets = self.waiting_for_producer.pop(group, set())
+        # A check written to a producer that closed since cannot be answered: without this its half waited the
+        # whole check interval although the group has a producer again (one that crashed right after its half).
+        offsets.update(offset for offset, (ref, _when, of_group) in self._last_check.items()
+                       if of_group == group and _closed(ref()))
         if offsets:
             self.states.make_due(sorted(offsets))  # the scheduler is woken by the transition itself
 
@@ -186,7 +190,7 @@ class CheckBackService:
                 continue
             if sent:
                 attempts[offset] = checks + 1
-                self._last_check[offset] = (weakref.ref(channel), time.monotonic())
+                self._last_check[offset] = (weakref.ref(channel), time.monotonic(), state.group)
                 self.checks_sent += 1
             elif pending_since(state) <= aged_before:
                 aged.append(offset)  # nobody answered it for the retention age: it must not pin the store
@@ -227,7 +231,7 @@ class CheckBackService:
         if len(self._last_check) <= 4 * PASS_LIMIT:
             return
         cutoff = time.monotonic() - 2 * self.interval_ms / 1000 - 60
-        for offset, (ref, when) in list(self._last_check.items()):
+        for offset, (ref, when, _group) in list(self._last_check.items()):
             channel = ref()
             if when < cutoff or channel is None or channel.heard_since(when):
                 del self._last_check[offset]
@@ -276,6 +280,10 @@ class CheckBackService:
                   "offsetMsgId": create_offset_msg_id(self.ctx.store_host, offset)}
         return channel.send_request(RemotingCommand(RequestCode.CHECK_TRANSACTION_STATE, flag=FLAG_ONEWAY,
                                                     ext_fields=header, body=bytes(body)))
+
+
+def _closed(channel) -> bool:
+    return channel is None or channel.closed
 
 
 def with_check_times(properties_text: str, checks: int) -> str:

@@ -151,6 +151,27 @@ async def test_no_producer_then_heartbeat_checks_at_once_without_burning_attempt
     back.close()
 
 
+async def test_a_check_its_producer_closed_on_unanswered_goes_to_the_groups_next_producer_at_once(broker_factory):
+    """CI: a producer that crashed right after its half (tests/client: the database committed, END_TRANSACTION never
+    sent) still had an open channel when the half came due; the check went there, and the group's next producer
+    waited the whole check interval (60 s) for it."""
+    broker = await broker_factory(transactionTimeOut=20, transactionCheckInterval=3_600_000)
+    crashed = await RawClient.connect(broker.addr)
+    await crashed.heartbeat("crashed", producer_groups=[GROUP])
+    _r, offset = await send_half(crashed)
+    check = await asyncio.wait_for(crashed.incoming.get(), 5)  # written to it; it dies without reading
+    assert check.ext_fields["commitLogOffset"] == str(offset)
+    crashed.close()
+    await crashed.closed.wait()
+    back = await RawClient.connect(broker.addr)
+    try:
+        await back.heartbeat("back", producer_groups=[GROUP])
+        check = await asyncio.wait_for(back.incoming.get(), 5)  # the interval is an hour: the registration did it
+        assert check.ext_fields["commitLogOffset"] == str(offset)
+    finally:
+        back.close()
+
+
 def wait_for_pass(broker) -> asyncio.Future:
     """A future resolved after the check-back service's next pass (instrumentation around the real service)."""
     service = broker.ctx.check_back
