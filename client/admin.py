@@ -191,17 +191,7 @@ class Admin:
             ClientError: a broker failed: its own error when it is the only one asked, else one error naming
                 every broker that failed (and where the request succeeded: a change was made there).
         """
-        outcomes = await asyncio.gather(*(request(b) for b in brokers), return_exceptions=True)
-        done, failed, absences = [], [], []
-        for broker, outcome in zip(brokers, outcomes, strict=True):
-            if isinstance(outcome, BrokerError) and absent is not None and outcome.code == absent:
-                absences.append(outcome)
-            elif isinstance(outcome, ClientError):
-                failed.append((broker, outcome))
-            elif isinstance(outcome, BaseException):
-                raise outcome
-            else:
-                done.append((broker, outcome))
+        done, failed, absences = await self._outcomes(brokers, request, absent)
         if failed and len(brokers) == 1:
             raise failed[0][1]
         if failed:
@@ -218,18 +208,26 @@ class Admin:
                                 ) -> tuple[list[tuple[Broker, T]], list[tuple[Broker, ClientError]]]:
         """As ``on_each``, for reads that can show what the other brokers answered: the brokers that failed are
         returned with their errors ((answers, failures)) instead of failing the whole."""
+        done, failed, _absences = await self._outcomes(brokers, request, absent)
+        return done, failed
+
+    @staticmethod
+    async def _outcomes(brokers: list[Broker], request: Callable[[Broker], Awaitable[T]], absent: int | None
+                        ) -> tuple[list[tuple[Broker, T]], list[tuple[Broker, ClientError]], list[BrokerError]]:
+        """``request(broker)`` on every broker at once, sorted in the brokers' order: (answers, failures, the
+        errors of brokers that answered ``absent``); an exception that is no ClientError is raised."""
         outcomes = await asyncio.gather(*(request(b) for b in brokers), return_exceptions=True)
-        done, failed = [], []
+        done, failed, absences = [], [], []
         for broker, outcome in zip(brokers, outcomes, strict=True):
             if isinstance(outcome, BrokerError) and absent is not None and outcome.code == absent:
-                continue
-            if isinstance(outcome, ClientError):
+                absences.append(outcome)
+            elif isinstance(outcome, ClientError):
                 failed.append((broker, outcome))
             elif isinstance(outcome, BaseException):
                 raise outcome
             else:
                 done.append((broker, outcome))
-        return done, failed
+        return done, failed, absences
 
     # --- cluster and topics ---
     async def cluster_list(self) -> list[dict]:

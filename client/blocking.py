@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Coroutine
+from typing import Any, Coroutine, Self
 
 from .consumer import PullConsumer, PullResult
 from .message import Message, MessageQueue, SendResult
@@ -30,75 +30,64 @@ class _LoopThread:
         self.loop.close()
 
 
-class BlockingProducer:
+class _Blocking:
+    """A started client (``make(group, namesrv, **kwargs)``) run on a loop thread of its own: each method blocks until
+    done (at most ``timeout`` seconds); ``close`` closes the client, then stops the thread."""
+
+    def __init__(self, make, group: str, namesrv: str, timeout: float, kwargs: dict):
+        self._thread = _LoopThread(timeout)
+        self._client = self._thread.run(self._started(make, group, namesrv, kwargs))
+
+    @staticmethod
+    async def _started(make, group, namesrv, kwargs):
+        client = make(group, namesrv, **kwargs)
+        await client.start()
+        return client
+
+    def close(self) -> None:
+        try:
+            self._thread.run(self._client.close())
+        finally:
+            self._thread.stop()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class BlockingProducer(_Blocking):
     """``Producer`` for synchronous code. Methods block until done (at most ``timeout`` seconds)."""
 
     def __init__(self, group: str, namesrv: str, timeout: float = 30.0, **kwargs):
-        self._thread = _LoopThread(timeout)
-        self._producer = self._thread.run(self._make(group, namesrv, kwargs))
-
-    @staticmethod
-    async def _make(group, namesrv, kwargs) -> Producer:
-        producer = Producer(group, namesrv, **kwargs)
-        await producer.start()
-        return producer
+        super().__init__(Producer, group, namesrv, timeout, kwargs)
 
     def send(self, msg: Message, queue: MessageQueue | None = None) -> SendResult:
-        return self._thread.run(self._producer.send(msg, queue))
+        return self._thread.run(self._client.send(msg, queue))
 
     def send_oneway(self, msg: Message, queue: MessageQueue | None = None) -> None:
-        self._thread.run(self._producer.send_oneway(msg, queue))
+        self._thread.run(self._client.send_oneway(msg, queue))
 
     def send_batch(self, msgs: list[Message], queue: MessageQueue | None = None) -> SendResult:
-        return self._thread.run(self._producer.send_batch(msgs, queue))
-
-    def close(self) -> None:
-        try:
-            self._thread.run(self._producer.close())
-        finally:
-            self._thread.stop()
-
-    def __enter__(self) -> "BlockingProducer":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        return self._thread.run(self._client.send_batch(msgs, queue))
 
 
-class BlockingPullConsumer:
+class BlockingPullConsumer(_Blocking):
     """``PullConsumer`` for synchronous code."""
 
     def __init__(self, group: str, namesrv: str, timeout: float = 60.0, **kwargs):
-        self._thread = _LoopThread(timeout)
-        self._consumer = self._thread.run(self._make(group, namesrv, kwargs))
-
-    @staticmethod
-    async def _make(group, namesrv, kwargs) -> PullConsumer:
-        consumer = PullConsumer(group, namesrv, **kwargs)
-        await consumer.start()
-        return consumer
+        super().__init__(PullConsumer, group, namesrv, timeout, kwargs)
 
     def fetch_subscribe_queues(self, topic: str) -> list[MessageQueue]:
-        return self._thread.run(self._consumer.fetch_subscribe_queues(topic))
+        return self._thread.run(self._client.fetch_subscribe_queues(topic))
 
     def pull(self, queue: MessageQueue, offset: int, max_nums: int = 32, expression: str = "*",
              suspend_ms: int = 0) -> PullResult:
-        return self._thread.run(self._consumer.pull(queue, offset, max_nums, expression, suspend_ms))
+        return self._thread.run(self._client.pull(queue, offset, max_nums, expression, suspend_ms))
 
     def query_offset(self, queue: MessageQueue) -> int | None:
-        return self._thread.run(self._consumer.query_offset(queue))
+        return self._thread.run(self._client.query_offset(queue))
 
     def update_offset(self, queue: MessageQueue, offset: int) -> None:
-        self._thread.run(self._consumer.update_offset(queue, offset))
-
-    def close(self) -> None:
-        try:
-            self._thread.run(self._consumer.close())
-        finally:
-            self._thread.stop()
-
-    def __enter__(self) -> "BlockingPullConsumer":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        self._thread.run(self._client.update_offset(queue, offset))

@@ -13,7 +13,7 @@ from halfmq.protocol.headers import (ConsumerSendMsgBackRequestHeader, GroupRequ
 from halfmq.protocol.message import decode_records
 
 from .errors import ConnectionClosedError, RequestTimeoutError, error_for
-from .instance import ClientInstance
+from .instance import ClientInstance, Startable
 from .message import MessageExt, MessageQueue
 from .remoting import Credentials
 
@@ -43,7 +43,7 @@ def parse_expression(expression: str | None) -> set[str] | None:
     return tags or None
 
 
-class PullConsumer:
+class PullConsumer(Startable):
     """An asyncio pull consumer.
 
     Args:
@@ -62,13 +62,6 @@ class PullConsumer:
 
     async def close(self) -> None:
         await self.instance.close()
-
-    async def __aenter__(self) -> "PullConsumer":
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.close()
 
     async def fetch_subscribe_queues(self, topic: str) -> list[MessageQueue]:
         """The readable queues of a topic.

@@ -7,7 +7,7 @@ import logging
 import os
 import ssl
 import uuid
-from typing import Callable
+from typing import Callable, Self
 
 from halfmq.protocol.codes import RequestCode, ResponseCode
 from halfmq.protocol.headers import UnregisterClientRequestHeader
@@ -18,6 +18,17 @@ from .route import RouteCache
 
 log = logging.getLogger(__name__)
 HEARTBEAT_INTERVAL_S = 30.0
+
+
+class Startable:
+    """A producer or consumer used as ``async with``: its ``start()`` on entering, its ``close()`` on leaving."""
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
 
 
 class ClientInstance:

@@ -14,7 +14,7 @@ from halfmq.protocol.message import BatchItem, UniqKeyGenerator, encode_batch
 from halfmq.protocol.properties import encode_properties
 
 from .errors import ClientError, MessageTooLargeError, error_for
-from .instance import ClientInstance
+from .instance import ClientInstance, Startable
 from .message import Message, MessageQueue, SendResult, SendStatus
 from .remoting import Credentials
 
@@ -39,7 +39,7 @@ BROKER_ISOLATION_S = 5.0  #: how long sends avoid a broker that failed one (it g
 DEFAULT_MAX_MESSAGE_SIZE = 4 << 20  #: the broker's default maxMessageSize, and RocketMQ producers' maxMessageSize
 
 
-class Producer:
+class Producer(Startable):
     """An asyncio producer.
 
     Args:
@@ -84,13 +84,6 @@ class Producer:
             self.started = False
             await self.instance.unregister(producer_group=self.group)
             await self.instance.close()
-
-    async def __aenter__(self) -> "Producer":
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.close()
 
     def _header(self, msg: Message, queue: MessageQueue, props: dict[str, str], sys_flag: int = 0,
                 batch: bool = False) -> dict[str, str]:

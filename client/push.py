@@ -17,6 +17,7 @@ from halfmq.protocol.codes import RequestCode
 from halfmq.protocol.rules import RETRY_PREFIX
 
 from .consumer import PullConsumer, PullStatus
+from .instance import Startable
 from .errors import ClientError
 from .message import MessageExt, MessageQueue
 
@@ -54,7 +55,7 @@ def allocate_average(queues: list[MessageQueue], client_ids: list[str], me: str)
     return [queues[(start + i) % n] for i in range(min(size, n - start))] if start < n else []
 
 
-class PushConsumer:
+class PushConsumer(Startable):
     """Clustering push consumer.
 
     Args:
@@ -120,13 +121,6 @@ class PushConsumer:
         await self.persist_offsets()
         await self.instance.unregister(consumer_group=self.group)
         await self.puller.close()
-
-    async def __aenter__(self) -> "PushConsumer":
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.close()
 
     async def _maintain(self) -> None:
         loop = asyncio.get_running_loop()
