@@ -46,12 +46,18 @@ def store_path_error(exc: OSError, store_dir: str) -> StartError | None:
     return None
 
 
-async def run_broker(config) -> None:
-    broker = Broker(config)
-    loop = asyncio.get_running_loop()
+def stop_on_signals() -> asyncio.Event:
+    """An event that SIGINT or SIGTERM sets (handlers of the running loop): what a server waits on to stop."""
     stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def run_broker(config) -> None:
+    broker = Broker(config)
+    stop = stop_on_signals()
     try:
         await broker.start()
     except OSError as exc:
@@ -102,10 +108,7 @@ def broker_main(argv: list[str]) -> int:
 async def run_namesrv(config) -> None:
     from .namesrv.server import NameServer
     server = NameServer(config)
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     await server.start()
     print(f"halfmq namesrv ready: {server.addr}", flush=True)
     try:
