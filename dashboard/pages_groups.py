@@ -11,8 +11,8 @@ from halfmq.client.errors import BrokerError
 from halfmq.protocol.codes import ResponseCode
 from halfmq.protocol.rules import DLQ_PREFIX, MAX_GROUP_LENGTH, MAX_TOPIC_LENGTH, RETRY_PREFIX, is_group
 
-from .page import HISTORY, SESSION, admin_for, render
-from .params import Refused, form_of, integer, refusals, served, text, timestamp, utc
+from .page import HISTORY, SESSION, admin_for
+from .params import Refused, acted, answered, form_of, integer, served, text, timestamp, utc
 
 routes = web.RouteTableDef()
 NAV = ("/groups", "Groups")
@@ -92,7 +92,7 @@ async def group(request: web.Request) -> dict:
             "queues": _page(queues, page, size), "queuesTotal": len(queues), "page": page, "size": size}
 
 
-def lag_series(request: web.Request) -> dict:
+async def lag_series(request: web.Request) -> dict:
     """{group: {"lag": [[unix ms, lag], ...]}}. An open chart keeps a viewed group sampled (History.watch); asking
     for a group nobody viewed does not start sampling it."""
     name = group_name(request.match_info["group"])
@@ -121,40 +121,19 @@ async def reset(request: web.Request) -> dict:
     return {"group": detail["group"], "timestamp": when, "topic": topic, "queues": rows}
 
 
-@routes.get("/api/groups/{group}")
-@refusals
-async def api_group(request: web.Request) -> web.Response:
-    return web.json_response(await group(request))
+async def _flash(request: web.Request, data: dict) -> dict:
+    """What a form just did, said once (a reload does not say it again)."""
+    return {"flash": request[SESSION].data.pop("flash", None)}
 
 
-@routes.get("/api/groups/{group}/lag/series")
-@refusals
-async def api_lag_series(request: web.Request) -> web.Response:
-    return web.json_response(lag_series(request))
-
-
-@routes.post("/api/groups/{group}/reset")
-@refusals
-async def api_reset(request: web.Request) -> web.Response:
-    return web.json_response(await reset(request))
-
-
-served(routes, "/groups", groups, "groups.html")
-
-
-@routes.get("/groups/{group}")
-@refusals
-async def group_page(request: web.Request) -> web.Response:
-    data = await group(request)
-    return render(request, "group.html", {**data, "flash": request[SESSION].data.pop("flash", None)})
-
-
-@routes.post("/groups/{group}/reset")
-@refusals
-async def reset_form(request: web.Request) -> web.Response:
-    """The page's form: reset, then back to the group's page, which says what was done (a reload of it does not
-    reset again)."""
-    done = await reset(request)
+def _reset_done(request: web.Request, done: dict) -> str:
+    """After the page's reset form: back to the group's page, which says what was done."""
     request[SESSION].data["flash"] = (f"Reset {len(done['queues'])} queue(s) of {done['topic'] or 'every topic'} "
                                         f"to {utc(done['timestamp'])} UTC.")
-    raise web.HTTPSeeOther(f"/groups/{quote(done['group'], safe='')}")
+    return f"/groups/{quote(done['group'], safe='')}"
+
+
+answered(routes, "GET", "/api/groups/{group}/lag/series", lag_series)
+served(routes, "/groups", groups, "groups.html")
+served(routes, "/groups/{group}", group, "group.html", _flash)
+acted(routes, "/groups/{group}/reset", reset, _reset_done)

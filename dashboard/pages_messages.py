@@ -26,8 +26,8 @@ from halfmq.protocol.headers import ConsumeStatsRequestHeader
 from halfmq.protocol.message import decode_offset_msg_id
 from halfmq.protocol.rules import DLQ_PREFIX, MAX_MESSAGE_KEY_BYTES, is_message_key
 
-from .page import SESSION, SETTINGS, admin_for, render
-from .params import Refused, choice, integer, refusals, text, timestamp, topic_name, utc
+from .page import SESSION, SETTINGS, admin_for
+from .params import Refused, acted, choice, integer, served, text, timestamp, topic_name, utc
 
 routes = web.RouteTableDef()
 NAV = ("/messages", "Messages")
@@ -343,34 +343,14 @@ async def resend(request: web.Request) -> dict:
             "queueOffset": sent.queue_offset}
 
 
-@routes.get("/api/messages")
-@refusals
-async def api_search(request: web.Request) -> web.Response:
-    return web.json_response(await search(request))
-
-
-@routes.get("/api/messages/{msg_id}")
-@refusals
-async def api_message(request: web.Request) -> web.Response:
-    return web.json_response(await message(request))
-
-
-@routes.post("/api/messages/{msg_id}/resend")
-@refusals
-async def api_resend(request: web.Request) -> web.Response:
-    return web.json_response(await resend(request))
-
-
 def _page_url(request: web.Request, **changes) -> str:
     query = {k: v for k, v in request.query.items() if k not in changes}
     query.update({k: v for k, v in changes.items() if v is not None})
     return "/messages?" + urlencode(query)
 
 
-@routes.get("/messages")
-@refusals
-async def messages_page(request: web.Request) -> web.Response:
-    data = await search(request)
+async def _search_links(request: web.Request, data: dict) -> dict:
+    """The search page's links to the pages before and after, and the query its form shows again."""
     links = {}
     if data["mode"] == "browse":
         links = {"prev_url": _page_url(request, offset=data["prev"]) if data["prev"] is not None else "",
@@ -379,20 +359,17 @@ async def messages_page(request: web.Request) -> web.Response:
     elif data["mode"] == "time":
         links = {"next_url": _page_url(request, after=data["next"]) if data["next"] else "",
                  "first_url": _page_url(request, after=None) if request.query.get("after") else ""}
-    return render(request, "messages.html", {**data, **links, "q": request.query})
+    return {**links, "q": request.query}
 
 
-@routes.get("/messages/{msg_id}")
-@refusals
-async def message_page(request: web.Request) -> web.Response:
-    data = await message(request)
+async def _resent(request: web.Request, data: dict) -> dict:
+    """The message a re-send of which this page shows (after the resend form)."""
     resent = request.query.get("resent", "")
-    return render(request, "message.html", {**data, "resent": resent if OFFSET_MSG_ID.fullmatch(resent) else ""})
+    return {"resent": resent if OFFSET_MSG_ID.fullmatch(resent) else ""}
 
 
-@routes.post("/messages/{msg_id}/resend")
-@refusals
-async def resend_form(request: web.Request) -> web.Response:
-    sent = await resend(request)
-    raise web.HTTPSeeOther(f"/messages/{quote(sent['offsetMsgId'], safe='')}?" + urlencode(
-        {"resent": sent["resentFrom"]}))
+served(routes, "/messages", search, "messages.html", _search_links)
+served(routes, "/messages/{msg_id}", message, "message.html", _resent)
+acted(routes, "/messages/{msg_id}/resend", resend,
+      lambda _request, sent: f"/messages/{quote(sent['offsetMsgId'], safe='')}?" + urlencode(
+          {"resent": sent["resentFrom"]}))

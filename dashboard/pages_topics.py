@@ -14,8 +14,8 @@ from aiohttp import web
 from halfmq.client.admin import Admin
 from halfmq.protocol.rules import MAX_QUEUES, MAX_TOPIC_LENGTH, is_topic
 
-from .page import SESSION, admin_for, render
-from .params import Refused, choice, form_of, integer, refusals, text, topic_name, utc
+from .page import SESSION, admin_for
+from .params import Refused, acted, choice, form_of, integer, served, text, topic_name, utc
 
 routes = web.RouteTableDef()
 NAV = ("/topics", "Topics")
@@ -140,61 +140,24 @@ async def delete_topic(request: web.Request) -> dict:
     return {"deleted": name}
 
 
-@routes.get("/api/topics")
-@refusals
-async def api_topics(request: web.Request) -> web.Response:
-    return web.json_response(await topics(request))
-
-
-@routes.post("/api/topics")
-@refusals
-async def api_save_topic(request: web.Request) -> web.Response:
-    return web.json_response(await save_topic(request))
-
-
-@routes.get("/api/topics/{name}")
-@refusals
-async def api_topic(request: web.Request) -> web.Response:
-    return web.json_response(await topic(request))
-
-
-@routes.post("/api/topics/{name}/delete")
-@refusals
-async def api_delete_topic(request: web.Request) -> web.Response:
-    return web.json_response(await delete_topic(request))
-
-
-@routes.get("/topics")
-@refusals
-async def topics_page(request: web.Request) -> web.Response:
-    data = await topics(request)
+async def _topics_more(request: web.Request, data: dict) -> dict:
+    """The list page's choices, the flash of a deletion and its pages' links."""
     deleted = request.query.get("deleted", "")
     query = {k: v for k, v in data["filter"].items() if k != "after"}
-    return render(request, "topics.html", {
-        **data, "kinds": tuple(KINDS), "message_types": MESSAGE_TYPES, "perms": PERMS,
-        "brokers": await admin_for(request).masters(), "deleted": deleted if is_topic(deleted) else "",
-        "first_url": "/topics?" + urlencode(query) if data["filter"]["after"] else "",
-        "next_url": "/topics?" + urlencode({**query, "after": data["next"]}) if data["next"] else ""})
+    return {"kinds": tuple(KINDS), "message_types": MESSAGE_TYPES, "perms": PERMS,
+            "brokers": await admin_for(request).masters(), "deleted": deleted if is_topic(deleted) else "",
+            "first_url": "/topics?" + urlencode(query) if data["filter"]["after"] else "",
+            "next_url": "/topics?" + urlencode({**query, "after": data["next"]}) if data["next"] else ""}
 
 
-@routes.post("/topics")
-@refusals
-async def save_topic_form(request: web.Request) -> web.Response:
-    saved = await save_topic(request)
-    raise web.HTTPSeeOther(f"/topics/{quote(saved['topic'], safe='')}?saved=1")
+async def _topic_more(request: web.Request, data: dict) -> dict:
+    """A topic's page: its form's choices, and whether it was just saved."""
+    return {"message_types": MESSAGE_TYPES, "perms": PERMS, "brokers_known": await admin_for(request).masters(),
+            "saved": bool(request.query.get("saved"))}
 
 
-@routes.get("/topics/{name}")
-@refusals
-async def topic_page(request: web.Request) -> web.Response:
-    data = await topic(request)
-    return render(request, "topic.html", {**data, "message_types": MESSAGE_TYPES, "perms": PERMS,
-                                          "brokers_known": await admin_for(request).masters(),
-                                          "saved": bool(request.query.get("saved"))})
-
-
-@routes.post("/topics/{name}/delete")
-@refusals
-async def delete_topic_form(request: web.Request) -> web.Response:
-    deleted = await delete_topic(request)
-    raise web.HTTPSeeOther("/topics?" + urlencode({"deleted": deleted["deleted"]}))
+served(routes, "/topics", topics, "topics.html", _topics_more)
+acted(routes, "/topics", save_topic, lambda _request, saved: f"/topics/{quote(saved['topic'], safe='')}?saved=1")
+served(routes, "/topics/{name}", topic, "topic.html", _topic_more)
+acted(routes, "/topics/{name}/delete", delete_topic,
+      lambda _request, deleted: "/topics?" + urlencode({"deleted": deleted["deleted"]}))

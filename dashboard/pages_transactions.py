@@ -19,7 +19,7 @@ from halfmq.protocol.errors import MessageFormatError
 from halfmq.protocol.message import decode_offset_msg_id
 
 from .page import HISTORY, SESSION, SETTINGS, admin_for
-from .params import Refused, choice, integer, refusals, served
+from .params import Refused, acted, answered, choice, integer, served
 
 routes = web.RouteTableDef()
 NAV = ("/transactions", "Transactions")
@@ -68,6 +68,18 @@ async def _broker(request: web.Request, admin: Admin) -> tuple[Broker, list[Brok
     raise Refused(400, f"unknown broker {name[:60]!r}: the name servers know {', '.join(b.name for b in masters)}")
 
 
+async def _listing(request: web.Request, sorts: dict[str, str], default: str
+                   ) -> tuple[int, str, str | None, Admin, Broker, list[Broker]]:
+    """What a list of one broker's halves is asked for: its page's size, its sort (one of ``sorts``) and cursor; and
+    the admin client, that broker and every master."""
+    size = _size(request)
+    sort = choice(request.query, "sort", sorts, default)
+    after = _after(request, sort)
+    admin = admin_for(request)
+    broker, masters = await _broker(request, admin)
+    return size, sort, after, admin, broker, masters
+
+
 async def _summaries(admin: Admin, masters: list[Broker]) -> list[dict]:
     """Each broker's transaction figures from its runtime info: pending, checks sent, discarded so far."""
     tables = await asyncio.gather(*(admin.broker_status(b.addr) for b in masters), return_exceptions=True)
@@ -92,11 +104,7 @@ def _now_ms() -> int:
 # --- pending halves ---
 async def pending(request: web.Request) -> dict:
     """One page of one broker's pending halves, with every broker's transaction figures."""
-    size = _size(request)
-    sort = choice(request.query, "sort", PENDING_SORTS, "due")
-    after = _after(request, sort)
-    admin = admin_for(request)
-    broker, masters = await _broker(request, admin)
+    size, sort, after, admin, broker, masters = await _listing(request, PENDING_SORTS, "due")
     summaries, page = await asyncio.gather(_summaries(admin, masters),
                                            admin.half_status_page(broker.addr, sort, after, size))
     return {"now": _now_ms(), "brokers": summaries, "broker": broker.name, "sort": sort, "sorts": PENDING_SORTS,
@@ -116,11 +124,7 @@ async def api_series(request: web.Request) -> web.Response:
 # --- discarded halves ---
 async def discarded(request: web.Request) -> dict:
     """One page of one broker's discarded halves (checks used up, or no producer for too long): resumable."""
-    size = _size(request)
-    sort = choice(request.query, "sort", DISCARDED_SORTS, "-store")
-    after = _after(request, sort)
-    admin = admin_for(request)
-    broker, masters = await _broker(request, admin)
+    size, sort, after, admin, broker, masters = await _listing(request, DISCARDED_SORTS, "-store")
     rows: list[dict] = []
     for _ in range(DISCARDED_REQUESTS):
         page = await admin.transaction_records_page(broker.addr, "DISCARDED", sort, after, size - len(rows))
@@ -177,18 +181,9 @@ async def _resume(request: web.Request) -> dict:
     return {"resumed": msg_id, "broker": addr}
 
 
-@routes.post("/api/transactions/half/{msg_id}/resume")
-@refusals
-async def api_resume(request: web.Request) -> web.Response:
-    return web.json_response(await _resume(request))
-
-
-@routes.post("/transactions/half/{msg_id}/resume")
-@refusals
-async def resume_form(request: web.Request) -> web.Response:
-    """The Resume button: resumes, then shows the half's page saying so."""
-    data = await _resume(request)
-    raise web.HTTPSeeOther(f"/transactions/half/{data['resumed']}?resumed=1")
+# the Resume button: resumes, then shows the half's page saying so
+acted(routes, "/transactions/half/{msg_id}/resume", _resume,
+      lambda _request, done: f"/transactions/half/{done['resumed']}?resumed=1")
 
 
 # --- per producer group ---
@@ -284,7 +279,4 @@ async def group_series(request: web.Request) -> dict:
     return (await _audit(request, admin, broker))["series"]
 
 
-@routes.get("/api/transactions/groups/series")
-@refusals
-async def api_group_series(request: web.Request) -> web.Response:
-    return web.json_response(await group_series(request))
+answered(routes, "GET", "/api/transactions/groups/series", group_series)

@@ -114,15 +114,36 @@ def utc(ms: int | None) -> str:
     return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
-def served(routes: web.RouteTableDef, path: str, build, template: str) -> None:
-    """``build`` (a page's data function) served as JSON at /api``path`` and rendered with ``template`` at ``path``:
-    a page shows what its endpoint answers, and both refuse bad parameters alike."""
+def answered(routes: web.RouteTableDef, method: str, path: str, build) -> None:
+    """``build`` (a data or an action function of the request) answered as JSON at ``path`` (an /api/ one)."""
     async def api(request: web.Request) -> web.Response:
         return web.json_response(await build(request))
 
-    async def page(request: web.Request) -> web.Response:
-        return render(request, template, await build(request))
+    routes.route(method, path)(refusals(api))
 
-    routes.get("/api" + path)(refusals(api))
+
+async def _nothing_more(request: web.Request, data: dict) -> dict:
+    return {}
+
+
+def served(routes: web.RouteTableDef, path: str, build, template: str, more=_nothing_more) -> None:
+    """``build`` (a page's data function) served as JSON at /api``path`` and rendered with ``template`` at ``path``:
+    a page shows what its endpoint answers, and both refuse bad parameters alike. ``await more(request, data)``:
+    what the page shows besides (links, choices of its forms, what was just done)."""
+    async def page(request: web.Request) -> web.Response:
+        data = await build(request)
+        return render(request, template, {**data, **await more(request, data)})
+
+    answered(routes, "GET", "/api" + path, build)
     routes.get(path)(refusals(page))
 
+
+def acted(routes: web.RouteTableDef, path: str, act, then) -> None:
+    """``act`` (an action function of the request) answered as JSON at POST /api``path``, and at POST ``path`` (a
+    page's form) followed by ``then(request, done)``: the page to see next (303, so that a reload does not act
+    again)."""
+    async def form(request: web.Request) -> web.Response:
+        raise web.HTTPSeeOther(then(request, await act(request)))
+
+    answered(routes, "POST", "/api" + path, act)
+    routes.post(path)(refusals(form))
