@@ -2,17 +2,13 @@
 from __future__ import annotations
 
 from halfmq.protocol.codes import ResponseCode
+from halfmq.protocol.errors import CodedError
 
 
-class ClientError(Exception):
+class ClientError(CodedError):
     """Base class. ``code`` is the broker's response code, or -1 for a local failure."""
 
     code: int = -1
-
-    def __init__(self, message: str, code: int | None = None):
-        super().__init__(message)
-        if code is not None:
-            self.code = code
 
 
 class RequestTimeoutError(ClientError):

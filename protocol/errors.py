@@ -2,15 +2,21 @@
 from .codes import ResponseCode
 
 
-class ProtocolError(Exception):
-    """Base class; ``code`` is the response code that reports the error to a peer."""
+class CodedError(Exception):
+    """An error carrying a response code: its class's ``code``, or the one it is raised with."""
 
-    code: int = ResponseCode.SYSTEM_ERROR
+    code: int
 
     def __init__(self, message: str, code: int | None = None):
         super().__init__(message)
         if code is not None:
             self.code = code
+
+
+class ProtocolError(CodedError):
+    """Base class; ``code`` is the response code that reports the error to a peer."""
+
+    code: int = ResponseCode.SYSTEM_ERROR
 
 
 class FrameError(ProtocolError):
