@@ -32,6 +32,7 @@ from .processors.replication import ReplicationProcessor
 from .processors.send import SendProcessor
 from .messaging.consumer import ConsumerService
 from .messaging.producer import ProducerService
+from .messaging.transactions import TransactionService
 from .errors import BrokerError
 from .listen import StartError, bind_error, format_address, listen  # noqa: F401 (StartError: imported from here too)
 from .names import check_broker_name
@@ -80,6 +81,7 @@ class Broker:
         self.ha_addr = ""
         self.producer: ProducerService | None = None
         self.consumer: ConsumerService | None = None
+        self.transactions: TransactionService | None = None
         self.member: GroupMember | None = None  #: the broker's role in its broker group (replication)
         self.grpc = None  #: broker/grpc's GrpcEndpoint, when grpcListenPort >= 0 and the grpc extra is installed
         self.dashboard = None  #: halfmq.dashboard's DashboardServer, when dashboardPort >= 0
@@ -139,6 +141,7 @@ class Broker:
         services.build()
         self.producer = ProducerService(ctx)
         self.consumer = ConsumerService(ctx)
+        self.transactions = TransactionService(ctx)
 
         # Both listeners bound their connections as configured (memory, requests in progress, partial frames).
         self.dispatcher.limits = self.namesrv_dispatcher.limits = ConnectionLimits.from_config(cfg)
@@ -161,7 +164,8 @@ class Broker:
                                                on_role_change=self._role_changed)
         for processor in (SendProcessor(ctx, self.producer), PullProcessor(ctx, self.consumer),
                           OffsetProcessor(ctx, self.consumer),
-                          ClientManageProcessor(ctx), AdminProcessor(ctx), EndTransactionProcessor(ctx),
+                          ClientManageProcessor(ctx), AdminProcessor(ctx),
+                          EndTransactionProcessor(ctx, self.transactions),
                           InspectProcessor(ctx), LifecycleProcessor(ctx), ReplicationProcessor(self.member)):
             processor.register(self.dispatcher)
         # The name-server requests a client may send to the broker port too; with namesrvAddr they describe the
@@ -258,7 +262,7 @@ class Broker:
         if tls is not None:
             tls.set_alpn_protocols(["h2"])  # gRPC clients ask for HTTP/2 by ALPN
         loop = asyncio.get_running_loop()
-        grpc = GrpcEndpoint(ctx, self.producer, self.consumer)
+        grpc = GrpcEndpoint(ctx, self.producer, self.consumer, self.transactions)
         self.grpc_port = await grpc.start(
             lambda factory: self._listen(loop, factory, cfg.grpcListenPort, tls, "grpcListenPort"),
             self.dispatcher.limits.frame_budget)

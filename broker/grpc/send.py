@@ -3,8 +3,10 @@
 A message is decoded (convert.py) into a ``SendRequest`` and checked and stored by ``ProducerService.send``
 (broker/messaging/producer.py), the operation a remoting send calls; what is gRPC's own is the Message's form, the
 group a half is filed under (``%GRPC%``topic: 5.x producers have no group, ``SessionSender``) and how a session is
-known as a producer (the topics it publishes). Sends, halves and decisions of concurrent calls go through one
-GroupCommit, so they share write groups.
+known as a producer (the topics it publishes). A decision is decoded into an ``EndRequest`` (its transaction id
+read back into the half's offsets) and checked, authorised and written by ``TransactionService.end``
+(broker/messaging/transactions.py), the operation a remoting END_TRANSACTION calls. Sends, halves and decisions of
+concurrent calls go through one GroupCommit, so they share write groups.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from halfmq.protocol.codes import TransactionResolution as Resolution
 
 from ..errors import BrokerError, Failure
 from ..messaging.producer import Sender, SendRequest
+from ..messaging.transactions import EndRequest, TransactionService
 from .auth import PUB, TOPIC, Caller, require
 from .convert import peer_host, to_record
 from .group_commit import GroupCommit
@@ -42,11 +45,12 @@ class SessionSender(Sender):
 
 
 class SendService:
-    def __init__(self, endpoint, producer):
+    def __init__(self, endpoint, producer, transactions: TransactionService):
         self.endpoint = endpoint
         self.ctx = endpoint.ctx
         self.sessions = endpoint.sessions
         self.producer = producer
+        self.transactions = transactions
         self.writes = GroupCommit()
         self.refused = endpoint.refused
 
@@ -103,20 +107,15 @@ class SendService:
 
     async def end_transaction(self, request, caller: Caller):
         topic = checked_topic(request.topic)
-        require(caller, (TOPIC, topic, PUB))
-        broker = self.ctx.config.brokerName
-        place = parse_transaction_id(request.transaction_id, broker)
-        if place is None:
-            raise GrpcError(Code["INVALID_TRANSACTION_ID"], f"{request.transaction_id[:100]!r} is not a transaction "
-                                                            f"id this broker ({broker}) gave")
-        decision = _RESOLUTIONS.get(request.resolution)
-        if decision is None:
-            raise GrpcError(Code["BAD_REQUEST"], "the resolution must be COMMIT or ROLLBACK")
         self.sessions.get(caller.client_id)
-        half_offset, queue_offset = place
-        from_check = request.source == TransactionSource["SOURCE_SERVER_CHECK"]
-        await self.writes.store(lambda: self.ctx.transactions.decide(
-            half_offset, transaction_group(topic), queue_offset, decision, from_check))
+        place = parse_transaction_id(request.transaction_id, self.ctx.config.brokerName)
+        half_offset, queue_offset = place if place is not None else (None, 0)
+        decided = self.transactions.end(
+            EndRequest(transaction_group(topic), half_offset, queue_offset, _RESOLUTIONS.get(request.resolution),
+                       request.source == TransactionSource["SOURCE_SERVER_CHECK"], topic, request.transaction_id),
+            lambda named: require(caller, (TOPIC, named, PUB)), self.writes)
+        if decided is not None:  # (gRPC has no UNKNOWN: never None)
+            await decided
         return pb.EndTransactionResponse(status=ok())
 
     async def recall_message(self, request, caller: Caller):

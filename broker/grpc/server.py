@@ -50,7 +50,7 @@ async def _discard_metrics(request: bytes, context) -> bytes:
 
 
 class GrpcEndpoint:
-    def __init__(self, ctx, producer, consumer):
+    def __init__(self, ctx, producer, consumer, transactions):
         self.ctx = ctx
         self.port = 0
         self.addr = ""
@@ -60,7 +60,7 @@ class GrpcEndpoint:
         #: with namesrvAddr, routes list the whole cluster's queues (route.py)
         self.lookup = RouteLookup(ctx.config) if ctx.config.namesrvAddr else None
         self.route = RouteService(self, producer)
-        self.send = SendService(self, producer)
+        self.send = SendService(self, producer, transactions)
         self.receive = ReceiveService(self, consumer)
         self._server: Http2GrpcServer | None = None
         self._renewal: PeriodicTask | None = None

@@ -16,6 +16,8 @@ one adapter per protocol).
   pull (``ConsumerService.pull``).
 - ``receipts``: the consumption model of receipts (pop, ack, change invisibility, dead-letter after the most
   deliveries, auto-renewal), ``ReceiptService``.
+- ``transactions``: a producer's decision on a half (``TransactionService.end``: the group's name, access to the
+  half's topic, the transaction id, the decision).
 - ``dead_letter``: the copy of a message that goes to a group's %DLQ% topic, and what happens when none can be
   made.
 """

@@ -5,14 +5,13 @@ import logging
 
 from halfmq.protocol.codes import FLAG_ONEWAY, FLAG_RESPONSE, RequestCode, ResponseCode, TransactionResolution
 from halfmq.protocol.command import RemotingCommand
-from halfmq.protocol.errors import HeaderError
 from halfmq.protocol.headers import EndTransactionRequestHeader, ResumeCheckHalfMessageRequestHeader
 from halfmq.protocol.message import decode_offset_msg_id
 
 from ..context import BrokerContext
 from ..dispatch import Deferred
 from ..errors import BrokerError
-from ..names import check_group
+from ..messaging.transactions import EndRequest, TransactionService
 
 log = logging.getLogger(__name__)
 #: commitOrRollback → the resolution (a dict lookup: the enum's constructor costs two Python calls per decision)
@@ -26,8 +25,9 @@ def _unheard(_outcome) -> RemotingCommand:
 
 
 class EndTransactionProcessor:
-    def __init__(self, ctx: BrokerContext):
+    def __init__(self, ctx: BrokerContext, transactions: TransactionService):
         self.ctx = ctx
+        self.transactions = transactions
 
     def register(self, dispatcher) -> None:
         dispatcher.register(RequestCode.END_TRANSACTION, self.end_transaction)
@@ -35,28 +35,16 @@ class EndTransactionProcessor:
 
     def end_transaction(self, channel, cmd: RemotingCommand):
         h = EndTransactionRequestHeader.from_ext(cmd.ext_fields)
+        request = EndRequest(h.producerGroup, h.commitLogOffset, h.tranStateTableOffset,
+                             _RESOLUTIONS.get(h.commitOrRollback), bool(h.fromTransactionCheck))
         try:
-            # The group is matched against the half's and labels the decision metrics.
-            check_group(h.producerGroup, "producerGroup")
+            completion = self.transactions.end(request, lambda topic: self.ctx.acl.check_decision(cmd, topic))
         except BrokerError as exc:
             if cmd.is_oneway:  # stock producers send their decision oneway: leave a trace of the refusal
                 log.info("oneway END_TRANSACTION from %s refused: %s", channel.remote, exc.remark)
             raise
-        if self.ctx.acl.enabled:  # reading the half's state is a cost every decision would pay otherwise
-            half = self.ctx.store.get_half(h.commitLogOffset)
-            if half is not None:  # (an unknown half is refused by decide, as it always was)
-                self.ctx.acl.check_decision(cmd, half.topic)
-        decision = _RESOLUTIONS.get(h.commitOrRollback)
-        if decision is None:
-            raise HeaderError(f"commitOrRollback {h.commitOrRollback} is not 0, 8 or 12")
-        if decision is TransactionResolution.UNKNOWN:
-            # The half stays pending. The reference never answers UNKNOWN; a two-way request is answered here all
-            # the same, so a client that waits for the reply is not left hanging until its timeout.
-            log.debug("UNKNOW for half %d from %s (check=%s)", h.commitLogOffset, channel.remote,
-                      h.fromTransactionCheck)
+        if completion is None:  # UNKNOWN: the half stays pending
             return cmd.response(ResponseCode.SUCCESS, "the transaction stays pending")
-        completion = self.ctx.transactions.decide(h.commitLogOffset, h.producerGroup, h.tranStateTableOffset,
-                                                  decision, bool(h.fromTransactionCheck))
         if cmd.flag & FLAG_ONEWAY:  # the usual decision: nobody hears the answer, none is built
             return Deferred(completion, _unheard)
         return Deferred(completion, lambda _outcome: cmd.response(ResponseCode.SUCCESS))

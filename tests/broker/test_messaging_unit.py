@@ -399,3 +399,74 @@ def test_a_pull_is_refused_before_anything_is_read_or_committed(request_args, fa
     with pytest.raises(BrokerError) as refused:
         service.pull(PullRequest(*request_args, commit_offset=0))
     assert refused.value.failure is failure and committed == {}
+
+
+# --- TransactionService.end ---------------------------------------------------------------------------------------
+def transaction_service(acl: bool = True, half_topic: str | None = "T"):
+    from halfmq.broker.messaging.transactions import TransactionService
+
+    decided = []
+    ctx = SimpleNamespace(config=BrokerConfig(brokerName="b1"), acl=SimpleNamespace(enabled=acl),
+                          store=SimpleNamespace(get_half=lambda offset: (
+                              None if half_topic is None else SimpleNamespace(topic=half_topic))),
+                          transactions=SimpleNamespace(decide=lambda *args: decided.append(args) or "completion"))
+    return TransactionService(ctx), decided
+
+
+def allowing(asked: list):
+    return asked.append
+
+
+def forbidding(topic: str):
+    raise BrokerError(Failure.FORBIDDEN, f"may not publish to {topic}")
+
+
+def test_a_decision_is_authorised_for_its_halfs_topic_then_handed_to_the_state_machine():
+    from halfmq.broker.messaging.transactions import EndRequest
+    from halfmq.protocol.codes import TransactionResolution as R
+
+    service, decided = transaction_service()
+    asked: list = []
+    assert service.end(EndRequest("PG", 100, 3, R.COMMIT, True), allowing(asked)) == "completion"
+    assert asked == ["T"] and decided == [(100, "PG", 3, R.COMMIT, True)]
+    # a topic named by the caller (gRPC) is the one authorised, and the write goes through the caller's writes
+    queued = []
+    writes = SimpleNamespace(store=lambda write: queued.append(write) or "queued")
+    request = EndRequest("%GRPC%Named", 100, 3, R.ROLLBACK, topic="Named", transaction_id="b1:...")
+    assert service.end(request, allowing(asked), writes) == "queued" and asked == ["T", "Named"]
+    assert len(decided) == 1 and queued[0]() == "completion" and decided[1][1:4] == ("%GRPC%Named", 3, R.ROLLBACK)
+
+
+def test_unknown_leaves_the_half_pending_and_acl_off_asks_nothing():
+    from halfmq.broker.messaging.transactions import EndRequest
+    from halfmq.protocol.codes import TransactionResolution as R
+
+    service, decided = transaction_service(acl=False)
+    assert service.end(EndRequest("PG", 100, 3, R.UNKNOWN), forbidding) is None and decided == []
+    assert service.end(EndRequest("PG", 100, 3, R.COMMIT), forbidding) == "completion"
+
+
+@pytest.mark.parametrize("request_args, failure", [
+    (("bad group!", 100, 3, "COMMIT"), Failure.ILLEGAL_GROUP),
+    (("PG", 100, 3, "COMMIT"), Failure.FORBIDDEN),
+    (("PG", None, 0, "COMMIT", False, "T", "b2:0000"), Failure.UNKNOWN_TRANSACTION),
+    (("PG", 100, 3, None), Failure.BAD_REQUEST),
+])
+def test_a_refused_decision_writes_nothing(request_args, failure):
+    from halfmq.broker.messaging.transactions import EndRequest
+    from halfmq.protocol.codes import TransactionResolution as R
+
+    service, decided = transaction_service()
+    group, offset, queue_offset, decision, *rest = request_args
+    authorize = forbidding if failure is Failure.FORBIDDEN else allowing([])
+    with pytest.raises(BrokerError) as refused:
+        service.end(EndRequest(group, offset, queue_offset, decision and R[decision], *rest), authorize)
+    assert refused.value.failure is failure and decided == []
+
+
+def test_an_unknown_half_is_left_for_the_store_to_refuse_unasked():
+    from halfmq.broker.messaging.transactions import EndRequest
+    from halfmq.protocol.codes import TransactionResolution as R
+
+    service, decided = transaction_service(half_topic=None)
+    assert service.end(EndRequest("PG", 100, 3, R.COMMIT), forbidding) == "completion" and len(decided) == 1
