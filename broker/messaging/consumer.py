@@ -4,6 +4,9 @@ receive (whose receipts are messaging/receipts.py).
 ``ConsumerService.pull`` takes a ``PullRequest`` (a door's decoded pull) and answers a ``Pulled``: the records read
 (stored bytes, which a remoting answer concatenates: ARCHITECTURE.md decision 2) and the queue's bounds, or why none
 were (``PullStatus``); the door turns the status into its own code and decides whether to hold the pull.
+
+A group's committed offsets are queried and committed with an ``OffsetRequest`` (``query_offset``,
+``commit_offset``), and a queue's offset at a time is searched with an ``OffsetSearch`` (``search_offset``).
 """
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import enum
 from dataclasses import dataclass
 
 from ..errors import BrokerError, Failure
+from ..names import check_group, check_topic
 from ..services.clients import parse_subscription
 from ..topics import TopicConfig
 
@@ -46,6 +50,39 @@ class Pulled:
     min_offset: int
     max_offset: int
     records: list
+
+
+@dataclass(slots=True)
+class OffsetRequest:
+    """A consumer group's offset of one queue, as a door decoded it: queried, or committed (``offset``)."""
+    group: str
+    topic: str
+    queue_id: int
+    #: the offset to commit (a commit only)
+    offset: int = -1
+    #: a query: a group with no committed offset starts at the queue's start while the queue still holds its first
+    #: message (``start_offset``); False: such a query is answered OFFSET_NOT_FOUND
+    from_queue_start: bool = True
+
+
+@dataclass(slots=True)
+class OffsetSearch:
+    """The offset of a queue's first message stored at ``timestamp`` or later (``boundary`` "lower"), or of its last
+    one stored at ``timestamp`` or before ("upper"); None: lower."""
+    topic: str
+    queue_id: int
+    timestamp: int
+    boundary: str | None = None
+
+
+def _check_offset_names(request: OffsetRequest) -> None:
+    """The group and topic of a consumer offset: they are its store key (group NUL topic NUL queueId).
+
+    Raises:
+        BrokerError: ILLEGAL_GROUP, ILLEGAL_TOPIC.
+    """
+    check_group(request.group, "consumerGroup")
+    check_topic(request.topic, "topic")
 
 
 class ConsumerService:
@@ -141,6 +178,45 @@ class ConsumerService:
         if queue_id < 0 or queue_id >= config.read_queue_nums:
             raise BrokerError(Failure.BAD_REQUEST, f"queueId[{queue_id}] is illegal, topic:[{config.name}] "
                                                    f"readQueueNums:[{config.read_queue_nums}]")
+
+    def query_offset(self, request: OffsetRequest) -> int:
+        """Where ``request.group`` reads its queue from (``start_offset``).
+
+        Raises:
+            BrokerError: ILLEGAL_GROUP, ILLEGAL_TOPIC; OFFSET_NOT_FOUND, a group with no committed offset that does
+                not start at the queue's start.
+        """
+        _check_offset_names(request)
+        offset = self.start_offset(request.group, request.topic, request.queue_id, request.from_queue_start)
+        if offset is None:
+            raise BrokerError(Failure.OFFSET_NOT_FOUND,
+                              "Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first")
+        return offset
+
+    def commit_offset(self, request: OffsetRequest, durable: bool = True):
+        """Commit ``request.offset`` as the group's progress in its queue: in memory (flushed periodically), or
+        ``durable``: an awaitable done once it is stored.
+
+        Raises:
+            BrokerError: ILLEGAL_GROUP, ILLEGAL_TOPIC (nothing committed).
+        """
+        _check_offset_names(request)
+        offsets = self.ctx.offsets
+        if not durable:
+            offsets.commit(request.group, request.topic, request.queue_id, request.offset)
+            return None
+        return offsets.commit_durable(request.group, request.topic, request.queue_id, request.offset)
+
+    def search_offset(self, request: OffsetSearch) -> int:
+        """The queue offset ``request`` searches for.
+
+        Raises:
+            BrokerError: BAD_REQUEST, a boundary that is neither lower nor upper.
+        """
+        boundary = (request.boundary or "lower").lower()
+        if boundary not in ("lower", "upper"):
+            raise BrokerError(Failure.BAD_REQUEST, f"boundaryType {request.boundary!r} is not lower or upper")
+        return self.ctx.store.offset_for_timestamp(request.topic, request.queue_id, request.timestamp, boundary)
 
     def start_offset(self, group: str, topic: str, queue_id: int, from_queue_start: bool = True) -> int | None:
         """Where ``group`` reads ``queue_id`` of ``topic`` from: its committed offset; else (``from_queue_start``)

@@ -1,4 +1,5 @@
-"""Consumer offsets (14, 15) and queue offset queries (29, 30, 31, 32) — reference §3.7, §3.9."""
+"""Consumer offsets (14, 15) and queue offset queries (29, 30, 31, 32) — reference §3.7, §3.9: the remoting adapter
+of ``ConsumerService.query_offset`` / ``commit_offset`` / ``search_offset`` (the gRPC door serves no offset RPC)."""
 from __future__ import annotations
 
 import logging
@@ -9,17 +10,10 @@ from halfmq.protocol.headers import (QueryConsumerOffsetRequestHeader, QueueRequ
                                      SearchOffsetRequestHeader, UpdateConsumerOffsetRequestHeader)
 
 from ..context import BrokerContext
-from ..errors import BrokerError, Failure
-from ..messaging.consumer import ConsumerService
-from ..names import check_group, check_topic
+from ..errors import BrokerError
+from ..messaging.consumer import ConsumerService, OffsetRequest, OffsetSearch
 
 log = logging.getLogger(__name__)
-
-
-def _check_names(h) -> None:
-    """The group and topic of a consumer offset: they are its store key (group NUL topic NUL queueId)."""
-    check_group(h.consumerGroup, "consumerGroup")
-    check_topic(h.topic, "topic")
 
 
 class OffsetProcessor:
@@ -37,51 +31,44 @@ class OffsetProcessor:
 
     def query_consumer_offset(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         h = QueryConsumerOffsetRequestHeader.from_ext(cmd.ext_fields)
-        _check_names(h)
         # A 5.x remoting client can opt out of starting a new group at the queue's start (setZeroIfNotFound=false).
-        offset = self.consumer.start_offset(h.consumerGroup, h.topic, h.queueId,
-                                            from_queue_start=h.setZeroIfNotFound is not False)
-        if offset is not None:
-            return cmd.response(ResponseCode.SUCCESS, ext_fields={"offset": str(offset)})
-        raise BrokerError(Failure.OFFSET_NOT_FOUND,
-                          "Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first")
+        request = OffsetRequest(h.consumerGroup, h.topic, h.queueId, from_queue_start=h.setZeroIfNotFound is not False)
+        return _offset(cmd, self.consumer.query_offset(request))
 
     def update_consumer_offset(self, channel, cmd: RemotingCommand):
         h = UpdateConsumerOffsetRequestHeader.from_ext(cmd.ext_fields)
+        request = OffsetRequest(h.consumerGroup, h.topic, h.queueId, h.commitOffset)
         try:
-            _check_names(h)
+            committed = self.consumer.commit_offset(request, durable=not cmd.is_oneway)
         except BrokerError as exc:
             if cmd.is_oneway:  # nobody hears the answer: the dropped offset is at least in the log
                 log.info("oneway UPDATE_CONSUMER_OFFSET from %s refused: %s", channel.remote, exc.remark)
             raise
-        if cmd.is_oneway:
-            self.ctx.offsets.commit(h.consumerGroup, h.topic, h.queueId, h.commitOffset)
-            return None
-        return self._update_durable(cmd, h)
+        return None if committed is None else self._answer_when(cmd, committed)
 
-    async def _update_durable(self, cmd, h) -> RemotingCommand:
-        await self.ctx.offsets.commit_durable(h.consumerGroup, h.topic, h.queueId, h.commitOffset)
+    @staticmethod
+    async def _answer_when(cmd, committed) -> RemotingCommand:
+        await committed
         return cmd.response(ResponseCode.SUCCESS)
 
     def max_offset(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         h = QueueRequestHeader.from_ext(cmd.ext_fields)
-        return cmd.response(ResponseCode.SUCCESS,
-                            ext_fields={"offset": str(self.ctx.store.max_offset(h.topic, h.queueId))})
+        return _offset(cmd, self.ctx.store.max_offset(h.topic, h.queueId))
 
     def min_offset(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         h = QueueRequestHeader.from_ext(cmd.ext_fields)
-        return cmd.response(ResponseCode.SUCCESS,
-                            ext_fields={"offset": str(self.ctx.store.min_offset(h.topic, h.queueId))})
+        return _offset(cmd, self.ctx.store.min_offset(h.topic, h.queueId))
 
     def search_offset(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         h = SearchOffsetRequestHeader.from_ext(cmd.ext_fields)
-        boundary = (h.boundaryType or "lower").lower()
-        if boundary not in ("lower", "upper"):
-            raise BrokerError(Failure.BAD_REQUEST, f"boundaryType {h.boundaryType!r} is not lower or upper")
-        offset = self.ctx.store.offset_for_timestamp(h.topic, h.queueId, h.timestamp, boundary)
-        return cmd.response(ResponseCode.SUCCESS, ext_fields={"offset": str(offset)})
+        return _offset(cmd, self.consumer.search_offset(OffsetSearch(h.topic, h.queueId, h.timestamp,
+                                                                     h.boundaryType)))
 
     def earliest_store_time(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         h = QueueRequestHeader.from_ext(cmd.ext_fields)
         ts = self.ctx.store.earliest_store_time(h.topic, h.queueId)
         return cmd.response(ResponseCode.SUCCESS, ext_fields={"timestamp": str(ts)})
+
+
+def _offset(cmd: RemotingCommand, offset: int) -> RemotingCommand:
+    return cmd.response(ResponseCode.SUCCESS, ext_fields={"offset": str(offset)})

@@ -470,3 +470,64 @@ def test_an_unknown_half_is_left_for_the_store_to_refuse_unasked():
 
     service, decided = transaction_service(half_topic=None)
     assert service.end(EndRequest("PG", 100, 3, R.COMMIT), forbidding) == "completion" and len(decided) == 1
+
+
+# --- ConsumerService: consumer offsets and offset searches --------------------------------------------------------
+def offset_service(committed: dict | None = None, queue_start: int = 0):
+    from halfmq.broker.messaging.consumer import ConsumerService
+
+    committed = dict(committed or {})
+    durable = []
+
+    async def commit_durable(*key):
+        durable.append(key)
+
+    store = SimpleNamespace(min_offset=lambda t, q: queue_start, searched=[],
+                            offset_for_timestamp=lambda *args: store.searched.append(args) or 42)
+    ctx = SimpleNamespace(config=BrokerConfig(), store=store, metrics=None,
+                          offsets=SimpleNamespace(get=lambda *key: committed.get(key),
+                                                  commit=lambda *key: committed.__setitem__(key[:3], key[3]),
+                                                  commit_durable=commit_durable))
+    return ConsumerService(ctx), committed, durable
+
+
+def test_a_groups_offset_is_its_committed_one_else_the_queue_start_while_it_holds_everything():
+    from halfmq.broker.messaging.consumer import OffsetRequest
+
+    service, _committed, _durable = offset_service({("G", "T", 1): 7})
+    assert service.query_offset(OffsetRequest("G", "T", 1)) == 7
+    assert service.query_offset(OffsetRequest("New", "T", 1)) == 0
+    trimmed, _committed, _durable = offset_service(queue_start=5)  # the queue lost its first messages
+    for asked, request in ((service, OffsetRequest("New", "T", 1, from_queue_start=False)),
+                           (trimmed, OffsetRequest("New", "T", 1))):
+        with pytest.raises(BrokerError) as refused:
+            asked.query_offset(request)
+        assert refused.value.failure is Failure.OFFSET_NOT_FOUND
+
+
+async def test_an_offset_is_committed_in_memory_or_durably_and_bad_names_commit_nothing():
+    from halfmq.broker.messaging.consumer import OffsetRequest
+
+    service, committed, durable = offset_service()
+    assert service.commit_offset(OffsetRequest("G", "T", 0, 5), durable=False) is None
+    await service.commit_offset(OffsetRequest("G", "T", 1, 6))
+    assert committed == {("G", "T", 0): 5} and durable == [("G", "T", 1, 6)]
+    for request, failure in ((OffsetRequest("bad group!", "T", 0, 1), Failure.ILLEGAL_GROUP),
+                             (OffsetRequest("G", "bad topic!", 0, 1), Failure.ILLEGAL_TOPIC)):
+        for is_durable in (False, True):
+            with pytest.raises(BrokerError) as refused:
+                service.commit_offset(request, durable=is_durable)
+            assert refused.value.failure is failure
+    assert len(committed) == 1 and len(durable) == 1
+
+
+def test_an_offset_search_takes_a_lower_or_upper_boundary_only():
+    from halfmq.broker.messaging.consumer import OffsetSearch
+
+    service, _committed, _durable = offset_service()
+    assert service.search_offset(OffsetSearch("T", 0, 1000)) == 42
+    assert service.search_offset(OffsetSearch("T", 0, 1000, "UPPER")) == 42
+    assert service.ctx.store.searched == [("T", 0, 1000, "lower"), ("T", 0, 1000, "upper")]
+    with pytest.raises(BrokerError) as refused:
+        service.search_offset(OffsetSearch("T", 0, 1000, "middle"))
+    assert refused.value.failure is Failure.BAD_REQUEST
