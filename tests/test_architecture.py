@@ -266,7 +266,9 @@ def test_only_the_command_line_builds_a_broker():
 
 #: Where refusals are raised: the adapters, and the components under them that refuse requests themselves.
 REFUSING = ("broker/processors", "broker/grpc", "broker/acl.py", "broker/names.py", "broker/topics.py",
-            "broker/namesrv/processor.py", "broker/replication/member.py")
+            "broker/namesrv/processor.py", "broker/replication/member.py", "broker/services/long_poll.py")
+#: What may take a remoting response code: building an answer.
+ANSWERING = {"response", "RemotingCommand"}
 
 
 def _failure_params(function: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
@@ -294,14 +296,31 @@ def _raw_refusals(path: Path) -> list[int]:
     return sorted(set(lines))
 
 
+def _raw_codes_passed(path: Path) -> list[int]:
+    """The lines of ``path`` handing a ``ResponseCode.X`` to anything but an answer's builder: a refusal's code
+    picked where it is raised (``check_message_key(key, "key", ResponseCode.SYSTEM_ERROR)``)."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)) in ANSWERING:
+            continue
+        for value in [*node.args, *(keyword.value for keyword in node.keywords)]:
+            if (isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name)
+                    and value.value.id in ("ResponseCode", "R")):
+                lines.append(node.lineno)
+    return sorted(set(lines))
+
+
 def test_adapters_refuse_through_the_error_table():
     """The remoting and gRPC adapters, and the components that refuse requests under them (access control, name
-    rules, topics, the name server, a replication group's member), raise ``BrokerError(Failure.X, ...)``: each
-    refusal is a row of the one error table (broker/errors.py), never a response code picked where it is
-    raised."""
+    rules, topics, the name server, a replication group's member, the long polls' bounds), raise
+    ``BrokerError(Failure.X, ...)`` and hand a name check a ``Failure`` row: each refusal is a row of the one error
+    table (broker/errors.py), never a response code picked where it is raised."""
     raw = []
     for where in REFUSING:
         target = REPO / where
         for path in sorted(target.rglob("*.py")) if target.is_dir() else [target]:
-            raw += [f"{path.relative_to(REPO)}:{line}" for line in _raw_refusals(path)]
+            raw += [f"{path.relative_to(REPO)}:{line}" for line in sorted({*_raw_refusals(path), *_raw_codes_passed(path)})]
     assert not raw, "refusals with a raw code:\n" + "\n".join(raw)

@@ -164,7 +164,7 @@ class ReceiveService:
 
         Raises:
             GrpcError: a request refused (TOO_MANY_REQUESTS: the connection's answers are not being read).
-            BrokerError: SYSTEM_BUSY, the connection or the broker holds as many long polls as it may.
+            BrokerError: BUSY, the connection or the broker holds as many long polls as it may.
         """
         group, topic = checked_group(request.group), checked_topic(request.message_queue.topic)
         require(caller, (GROUP, group, SUB), (TOPIC, topic, SUB))

@@ -142,7 +142,7 @@ class ReceiptService:
         ``waiter`` (bounded per waiter by LongPollService, as a remoting pull); a cancelled wait leaves at once.
 
         Raises:
-            BrokerError: SYSTEM_BUSY, the waiter or the broker holds as many long polls as it may.
+            BrokerError: BUSY, the waiter or the broker holds as many long polls as it may.
         """
         pull = HeldPull(topic, ANY_QUEUE, -1, waiter)
         woken = self.ctx.long_poll.hold(pull, max(0.0, timeout_s))

@@ -67,7 +67,7 @@ class InspectProcessor:
         h = QueryMessageRequestHeader.from_ext(cmd.ext_fields)
         # Both form the key index's lookup prefix, which LMDB refuses beyond its key size.
         check_topic(h.topic, "topic")
-        check_message_key(h.key, "key", ResponseCode.SYSTEM_ERROR)
+        check_message_key(h.key, "key", Failure.BAD_REQUEST)
         self.ctx.acl.check_record(channel, cmd, h.topic)
         # Only records that are the topic's own: the access check above was for that topic, nothing else.
         records = [raw for raw in self.ctx.store.messages_by_key(h.topic, h.key, max(1, min(h.maxNum, 64)))

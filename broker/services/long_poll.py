@@ -17,9 +17,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from halfmq.protocol.codes import ResponseCode
 
-from ..errors import BrokerError
+from ..errors import BrokerError, Failure
 
 log = logging.getLogger(__name__)
 #: the queue id of a pull that waits for any queue of its topic (queue ids are never negative)
@@ -60,15 +59,15 @@ class LongPollService:
         and is cancelled when its connection closes.
 
         Raises:
-            BrokerError: SYSTEM_BUSY, the connection or the broker holds as many pulls as it may.
+            BrokerError: BUSY, the connection or the broker holds as many pulls as it may.
         """
         mine = self.by_channel.get(pull.channel)
         if mine is not None and len(mine) >= self.max_per_connection:
-            raise BrokerError(ResponseCode.SYSTEM_BUSY,
+            raise BrokerError(Failure.BUSY,
                               f"[OVERLOAD] this connection already holds {len(mine)} pulls "
                               f"(longPollingMaxHeldPerConnection={self.max_per_connection})")
         if self.total >= self.max_total:
-            raise BrokerError(ResponseCode.SYSTEM_BUSY,
+            raise BrokerError(Failure.BUSY,
                               f"[OVERLOAD] the broker already holds {self.total} pulls "
                               f"(longPollingMaxHeld={self.max_total})")
         loop = asyncio.get_running_loop()
