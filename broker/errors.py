@@ -56,6 +56,9 @@ class Failure(enum.Enum):
     UNSUPPORTED_FILTER = (R.SYSTEM_ERROR, "ILLEGAL_FILTER_EXPRESSION")  #: a filter type other than tags
     NO_SUBSCRIPTION = (R.SUBSCRIPTION_NOT_EXIST, "BAD_REQUEST")  #: a pull of a topic the group did not subscribe to
     STALE_SUBSCRIPTION = (R.SUBSCRIPTION_NOT_LATEST, "BAD_REQUEST")  #: a pull naming an older subscription
+    #: a receive's or invisibility change's duration outside what the receipt model takes (no remoting door has them)
+    ILLEGAL_INVISIBLE_TIME = (R.SYSTEM_ERROR, "ILLEGAL_INVISIBLE_TIME")
+    ILLEGAL_POLLING_TIME = (R.SYSTEM_ERROR, "ILLEGAL_POLLING_TIME")
     #: a receipt handle that names no receipt held now (acknowledged, handed out again, another broker's, garbled)
     INVALID_RECEIPT = (R.SYSTEM_ERROR, "INVALID_RECEIPT_HANDLE")
 

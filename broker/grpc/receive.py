@@ -1,7 +1,8 @@
 """ReceiveMessage, AckMessage, ChangeInvisibleDuration and ForwardMessageToDeadLetterQueue: the gRPC adapter of the
 receipt model (broker/messaging/receipts.py, ``ReceiptService``), which takes, acknowledges, renews and dead-letters.
-What is gRPC's own: reading the requests (durations, batch size, filter expression), holding a receive that found
-nothing until its long polling time, and writing the answers within the connection's budget.
+What is gRPC's own: reading the requests (a receive into a ``ReceiveRequest``, checked and planned by
+``ReceiptService.plan_receive``; durations read as milliseconds), taking and holding a receive that found nothing
+until its long polling time within the connection's budget, and writing the answers.
 
 Bounds, per gRPC connection (its peer), shared with the remoting door where it has one:
 - a receive that finds nothing is held through the broker's LongPollService (``ReceiptService.hold``), so it counts
@@ -20,15 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 
 from halfmq.protocol import properties as P
 from halfmq.protocol.message import MessageRecord
 
 from ..context import now_ms
-from ..messaging.receipts import AUTO_RENEW_INVISIBLE_MS, ReceiptService
-from ..services.clients import parse_subscription
+from ..errors import Failure
+from ..messaging.receipts import MAX_INVISIBLE_MS, ReceiptService, ReceiveRequest, check_duration
 from .auth import GROUP, SUB, TOPIC, Caller, require
 from .convert import BodyError, to_message
 from .route import checked_group, checked_topic
@@ -36,11 +36,7 @@ from .schema import Code, FilterType, pb
 from .status import GrpcError, ok, status, status_for
 
 log = logging.getLogger(__name__)
-MIN_INVISIBLE_MS = 1_000
-MAX_INVISIBLE_MS = 12 * 3_600_000
 AUTO_RENEW_INTERVAL_S = 10.0       #: how often auto-renewed receipts are pushed AUTO_RENEW_INVISIBLE_MS ahead again
-MAX_BATCH = 1024
-MAX_POLLING_MS = 60_000
 MAX_RESPONSE_BYTES = 4 << 20
 #: a take's room is at most 1/RECEIVE_SHARES of its connection's answer budget, so that many takes of one
 #: connection run at once (and their receipts share write groups)
@@ -50,13 +46,6 @@ RECEIVE_SHARES = 16
 def not_found():
     """The answer of a receive that hands out nothing."""
     return pb.ReceiveMessageResponse(status=status(Code["MESSAGE_NOT_FOUND"], "no new message"))
-
-
-def _duration_ms(duration, what: str, low: int, high: int, code: str) -> int:
-    ms = duration.ToMilliseconds()
-    if not low <= ms <= high:
-        raise GrpcError(Code[code], f"the {what} {ms} ms is outside {low}..{high} ms")
-    return ms
 
 
 class _Backlog:
@@ -168,41 +157,24 @@ class ReceiveService:
         """
         group, topic = checked_group(request.group), checked_topic(request.message_queue.topic)
         require(caller, (GROUP, group, SUB), (TOPIC, topic, SUB))
-        owner, here = request.message_queue.broker.name, self.ctx.config.brokerName
-        if owner and owner != here:  # never served from this store: the client's route is stale
-            raise GrpcError(Code["BAD_REQUEST"], f"queue {request.message_queue.id} of {topic} belongs to broker "
-                                                 f"{owner[:100]}, not to this broker ({here}): query the route again")
-        config = self.consumer.readable_topic(topic)
-        await self.ctx.topics.ensure_group(group)
-        batch = request.batch_size
-        if not 1 <= batch <= MAX_BATCH:
-            raise GrpcError(Code["BAD_REQUEST"], f"batch_size {batch} is outside 1..{MAX_BATCH}")
-        renew = False
-        if request.HasField("invisible_duration"):
-            invisible_ms = _duration_ms(request.invisible_duration, "invisible duration", MIN_INVISIBLE_MS,
-                                        MAX_INVISIBLE_MS, "ILLEGAL_INVISIBLE_TIME")
-        elif request.auto_renew:
-            invisible_ms = AUTO_RENEW_INVISIBLE_MS
-            renew = True
-        else:
-            raise GrpcError(Code["ILLEGAL_INVISIBLE_TIME"], "the invisible duration is required")
-        polling_ms = 0
-        if request.HasField("long_polling_timeout"):
-            polling_ms = _duration_ms(request.long_polling_timeout, "long polling timeout", 0, MAX_POLLING_MS,
-                                      "ILLEGAL_POLLING_TIME")
-        tag_codes = self._tag_codes(topic, request.filter_expression)
-        queues = list(range(config.read_queue_nums))
-        start = request.message_queue.id
-        if start < 0 or start >= len(queues):
-            start = random.randrange(len(queues)) if queues else 0
-        queues = queues[start:] + queues[:start]
+        queue = request.message_queue
+        invisible_ms = (request.invisible_duration.ToMilliseconds() if request.HasField("invisible_duration")
+                        else None)
+        polling_ms = (request.long_polling_timeout.ToMilliseconds() if request.HasField("long_polling_timeout")
+                      else 0)
+        expression = request.filter_expression
+        plan = await self.receipts.plan_receive(ReceiveRequest(
+            group, topic, request.batch_size, invisible_ms, request.auto_renew, polling_ms,
+            ("SQL" if expression.type == FilterType["SQL"] else "TAG", expression.expression), queue.id,
+            queue.broker.name))
+        renew_for = caller.client_id if plan.auto_renew else None
         deadline = time.monotonic() + polling_ms / 1000
         while True:
-            taken, next_visible, backlog = await self._take_for(peer, group, topic, queues, tag_codes, batch,
-                                                                invisible_ms, caller.client_id if renew else None)
+            taken, next_visible, backlog = await self._take_for(peer, group, topic, plan.queues, plan.tag_codes,
+                                                                request.batch_size, plan.invisible_ms, renew_for)
             if taken:
-                return Delivery(group, topic, request.message_queue.topic.resource_namespace, invisible_ms, taken,
-                                peer, backlog)
+                return Delivery(group, topic, queue.topic.resource_namespace, plan.invisible_ms, taken, peer,
+                                backlog)
             left = deadline - time.monotonic()
             if left <= 0 or self._stopping:
                 return None
@@ -297,12 +269,6 @@ class ReceiveService:
 
         await self.receipts.renew(alive)
 
-    @staticmethod
-    def _tag_codes(topic: str, expression):
-        if expression.type == FilterType["SQL"]:
-            raise GrpcError(Code["ILLEGAL_FILTER_EXPRESSION"], "SQL filter expressions are not supported")
-        return parse_subscription(topic, expression.expression or "*").tag_codes
-
     # --- AckMessage ---
     async def ack_message(self, request, caller: Caller):
         group, topic = checked_group(request.group), checked_topic(request.topic)
@@ -329,8 +295,8 @@ class ReceiveService:
     async def change_invisible_duration(self, request, caller: Caller):
         group, topic = checked_group(request.group), checked_topic(request.topic)
         require(caller, (GROUP, group, SUB), (TOPIC, topic, SUB))
-        invisible_ms = _duration_ms(request.invisible_duration, "invisible duration", 0, MAX_INVISIBLE_MS,
-                                    "ILLEGAL_INVISIBLE_TIME")
+        invisible_ms = check_duration(request.invisible_duration.ToMilliseconds(), "invisible duration", 0,
+                                      MAX_INVISIBLE_MS, Failure.ILLEGAL_INVISIBLE_TIME)
         handle = await self.receipts.change_invisibility(group, topic, request.receipt_handle, invisible_ms)
         return pb.ChangeInvisibleDurationResponse(status=ok(), receipt_handle=handle)
 

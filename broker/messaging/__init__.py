@@ -14,8 +14,8 @@ one adapter per protocol).
   to the store; ``batch``: a batch's checks (``ProducerService.send_batch``).
 - ``consumer``: what a consumer may read (a topic's readability, a queue's range), where a group starts, and a
   pull (``ConsumerService.pull``).
-- ``receipts``: the consumption model of receipts (pop, ack, change invisibility, dead-letter after the most
-  deliveries, auto-renewal), ``ReceiptService``.
+- ``receipts``: the consumption model of receipts (a receive's checks, pop, ack, change invisibility, dead-letter
+  after the most deliveries, auto-renewal), ``ReceiptService``.
 - ``transactions``: a producer's decision on a half (``TransactionService.end``: the group's name, access to the
   half's topic, the transaction id, the decision).
 - ``dead_letter``: the copy of a message that goes to a group's %DLQ% topic, and what happens when none can be

@@ -16,13 +16,19 @@ move that committed offset, so consumer progress and lag are shown for pop group
 A receipt is named by a handle, ``<brokerName>:<queue>:<offset>:<version>`` (hex, ``receipt_handle``): another
 broker of a cluster refuses it rather than act on whatever receipt it holds at that queue and offset. A handle that
 names no receipt held now is refused ``Failure.INVALID_RECEIPT``.
+
+A door decodes a receive into a ``ReceiveRequest``; ``ReceiptService.plan_receive`` checks it (the queue's broker,
+the topic's readability, the batch size, the durations, the filter) and answers the ``ReceivePlan`` the door takes
+with (``take``), holding a receive that found nothing (``hold``) until its long polling time.
 """
 from __future__ import annotations
 
 import asyncio
 import itertools
 import logging
+import random
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 from halfmq.protocol import properties as P
@@ -34,6 +40,7 @@ from halfmq.store.receipts import (AckReceipts, ChangeInvisibility, DeadLetter, 
 
 from ..context import now_ms
 from ..errors import BrokerError, Failure
+from ..services.clients import parse_subscription
 from ..services.long_poll import ANY_QUEUE, HeldPull
 from .dead_letter import consumer_copy
 
@@ -46,6 +53,51 @@ AUTO_RENEW_MAX_MS = 3_600_000      #: renewed for at most this long after the ta
 _MAX_QUEUE_ID = (1 << 31) - 1  #: MessageQueue.id is an int32
 _MAX_OFFSET = (1 << 63) - 1
 _MAX_VERSION = (1 << 64) - 1
+MIN_INVISIBLE_MS = 1_000
+MAX_INVISIBLE_MS = 12 * 3_600_000
+MAX_BATCH = 1024
+MAX_POLLING_MS = 60_000
+
+
+@dataclass(slots=True)
+class ReceiveRequest:
+    """A receive of up to ``batch`` messages of ``topic`` for ``group`` (both checked and authorised by the door),
+    as a door decoded it."""
+    group: str
+    topic: str
+    batch: int
+    #: how long the messages taken stay invisible; None: none given (then ``auto_renew`` must be asked)
+    invisible_ms: int | None
+    #: the receipts are renewed while the client is alive (``AUTO_RENEW_INVISIBLE_MS`` each time)
+    auto_renew: bool = False
+    #: how long a receive that finds nothing is held
+    polling_ms: int = 0
+    #: the filter: (type, expression); only "TAG" is served
+    expression: tuple[str, str] = ("TAG", "*")
+    #: the queue the client named, taken first (-1 or out of range: any), and its broker ("": none named)
+    queue_id: int = -1
+    broker: str = ""
+
+
+@dataclass(slots=True)
+class ReceivePlan:
+    """What a checked receive takes from: its queues in the order tried, the tag codes passing its filter (None:
+    every message), the invisible time of what it takes and whether its receipts are renewed."""
+    queues: list[int]
+    tag_codes: object
+    invisible_ms: int
+    auto_renew: bool
+
+
+def check_duration(ms: int, what: str, low: int, high: int, failure: Failure) -> int:
+    """``ms``, a duration a request gave, within ``low``..``high``.
+
+    Raises:
+        BrokerError: ``failure``.
+    """
+    if not low <= ms <= high:
+        raise BrokerError(failure, f"the {what} {ms} ms is outside {low}..{high} ms")
+    return ms
 
 
 def receipt_handle(broker: str, queue_id: int, queue_offset: int, version: int) -> str:
@@ -121,6 +173,43 @@ class ReceiptService:
         self.dead_letter_failures = 0  #: messages dropped at their last delivery because no DLQ copy could be made
         #: receipts a consumer asked to have renewed: item (as AckReceipts takes it) → (client id, until ms)
         self.renewing: dict[tuple[str, str, int, int, int], tuple[str, int]] = {}
+
+    # --- receive ---
+    async def plan_receive(self, request: ReceiveRequest) -> ReceivePlan:
+        """Check a receive and plan it.
+
+        Raises:
+            BrokerError: BAD_REQUEST (another broker's queue: the client's route is stale; a batch size outside
+                1..MAX_BATCH), TOPIC_NOT_FOUND, FORBIDDEN (readable_topic), ILLEGAL_INVISIBLE_TIME,
+                ILLEGAL_POLLING_TIME, UNSUPPORTED_FILTER.
+        """
+        topic = request.topic
+        if request.broker and request.broker != self.broker:  # never served from this store
+            raise BrokerError(Failure.BAD_REQUEST, f"queue {request.queue_id} of {topic} belongs to broker "
+                                                   f"{request.broker[:100]}, not to this broker ({self.broker}): "
+                                                   f"query the route again")
+        config = self.consumer.readable_topic(topic)
+        await self.ctx.topics.ensure_group(request.group)
+        if not 1 <= request.batch <= MAX_BATCH:
+            raise BrokerError(Failure.BAD_REQUEST, f"batch_size {request.batch} is outside 1..{MAX_BATCH}")
+        if request.invisible_ms is not None:
+            invisible_ms = check_duration(request.invisible_ms, "invisible duration", MIN_INVISIBLE_MS,
+                                          MAX_INVISIBLE_MS, Failure.ILLEGAL_INVISIBLE_TIME)
+            renew = False
+        elif request.auto_renew:
+            invisible_ms, renew = AUTO_RENEW_INVISIBLE_MS, True
+        else:
+            raise BrokerError(Failure.ILLEGAL_INVISIBLE_TIME, "the invisible duration is required")
+        check_duration(request.polling_ms, "long polling timeout", 0, MAX_POLLING_MS, Failure.ILLEGAL_POLLING_TIME)
+        expression_type, expression = request.expression
+        if expression_type != "TAG":
+            raise BrokerError(Failure.UNSUPPORTED_FILTER, f"{expression_type} filter expressions are not supported")
+        tag_codes = parse_subscription(topic, expression or "*").tag_codes
+        queues = list(range(config.read_queue_nums))
+        start = request.queue_id
+        if start < 0 or start >= len(queues):
+            start = random.randrange(len(queues)) if queues else 0
+        return ReceivePlan(queues[start:] + queues[:start], tag_codes, invisible_ms, renew)
 
     # --- take (pop) ---
     async def take(self, group: str, topic: str, queues, tag_codes, batch: int, max_bytes: int, invisible_ms: int,

@@ -531,3 +531,54 @@ def test_an_offset_search_takes_a_lower_or_upper_boundary_only():
     with pytest.raises(BrokerError) as refused:
         service.search_offset(OffsetSearch("T", 0, 1000, "middle"))
     assert refused.value.failure is Failure.BAD_REQUEST
+
+
+# --- ReceiptService.plan_receive ----------------------------------------------------------------------------------
+def receive_planner(monkeypatch):
+    from halfmq.broker.messaging.consumer import ConsumerService
+
+    service, _store, _woken = receipt_service(monkeypatch)
+    ensured = []
+
+    async def ensure_group(group):
+        ensured.append(group)
+
+    topics = service.ctx.topics = FakeTopics(TopicConfig("T", 4, 4))
+    topics.ensure_group = ensure_group
+    service.consumer = ConsumerService(SimpleNamespace(config=BrokerConfig(), topics=topics))
+    return service, ensured
+
+
+async def test_a_receive_is_planned_from_the_queue_it_names_with_its_filter(monkeypatch):
+    from halfmq.broker.messaging.receipts import AUTO_RENEW_INVISIBLE_MS, ReceiveRequest
+
+    service, ensured = receive_planner(monkeypatch)
+    plan = await service.plan_receive(ReceiveRequest("G", "T", 16, 30_000, expression=("TAG", "a || b"), queue_id=2,
+                                                     broker="b1"))
+    assert plan.queues == [2, 3, 0, 1] and plan.invisible_ms == 30_000 and not plan.auto_renew
+    assert plan.tag_codes is not None and ensured == ["G"]
+    renewed = await service.plan_receive(ReceiveRequest("G", "T", 1, None, auto_renew=True))
+    assert (renewed.invisible_ms, renewed.auto_renew) == (AUTO_RENEW_INVISIBLE_MS, True)
+    assert sorted(renewed.queues) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("changes, failure", [
+    ({"broker": "b2"}, Failure.BAD_REQUEST),  # another broker's queue: the client's route is stale
+    ({"topic": "Nope"}, Failure.TOPIC_NOT_FOUND),
+    ({"batch": 0}, Failure.BAD_REQUEST),
+    ({"batch": 1025}, Failure.BAD_REQUEST),
+    ({"invisible_ms": None}, Failure.ILLEGAL_INVISIBLE_TIME),
+    ({"invisible_ms": 999}, Failure.ILLEGAL_INVISIBLE_TIME),
+    ({"polling_ms": 60_001}, Failure.ILLEGAL_POLLING_TIME),
+    ({"expression": ("SQL", "a > 1")}, Failure.UNSUPPORTED_FILTER),
+])
+async def test_a_refused_receive_answers_its_failure(monkeypatch, changes, failure):
+    from halfmq.broker.messaging.receipts import ReceiveRequest
+
+    service, _ensured = receive_planner(monkeypatch)
+    request = ReceiveRequest("G", "T", 16, 30_000)
+    for field, value in changes.items():
+        setattr(request, field, value)
+    with pytest.raises(BrokerError) as refused:
+        await service.plan_receive(request)
+    assert refused.value.failure is failure
