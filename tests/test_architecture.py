@@ -322,5 +322,6 @@ def test_adapters_refuse_through_the_error_table():
     for where in REFUSING:
         target = REPO / where
         for path in sorted(target.rglob("*.py")) if target.is_dir() else [target]:
-            raw += [f"{path.relative_to(REPO)}:{line}" for line in sorted({*_raw_refusals(path), *_raw_codes_passed(path)})]
+            lines = sorted({*_raw_refusals(path), *_raw_codes_passed(path)})
+            raw += [f"{path.relative_to(REPO)}:{line}" for line in lines]
     assert not raw, "refusals with a raw code:\n" + "\n".join(raw)

@@ -13,10 +13,10 @@ from halfmq.protocol.headers import (CreateTopicRequestHeader, DeleteSubscriptio
 from halfmq.protocol.message import decode_record
 from halfmq.protocol.rules import MAX_QUEUES
 
-from ..context import BrokerContext
 from ..errors import BrokerError, Failure
 from ..names import DLQ_PREFIX, RETRY_PREFIX, check_group, validate_topic_name
 from ..topics import HALF_TOPIC, SYSTEM_TOPICS, TopicConfig, apply_attributes
+from .base import Processor, handles
 
 #: RocketMQ's SubscriptionGroupConfig fields and defaults. halfmq keeps no per-group settings (a group is its
 #: retry topic, see topics.py): a request asking for anything but these defaults is refused, naming the field.
@@ -25,19 +25,8 @@ SUBSCRIPTION_GROUP_DEFAULTS = {"consumeEnable": True, "consumeFromMinEnable": Tr
                                "whichBrokerWhenConsumeSlowly": 1, "notifyConsumerIdsChangedEnable": True}
 
 
-class AdminProcessor:
-    def __init__(self, ctx: BrokerContext):
-        self.ctx = ctx
-
-    def register(self, dispatcher) -> None:
-        dispatcher.register(RequestCode.UPDATE_AND_CREATE_TOPIC, self.create_topic)
-        dispatcher.register(RequestCode.DELETE_TOPIC_IN_BROKER, self.delete_topic)
-        dispatcher.register(RequestCode.GET_ALL_TOPIC_CONFIG, self.all_topic_config)
-        dispatcher.register(RequestCode.VIEW_MESSAGE_BY_ID, self.view_message)
-        dispatcher.register(RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, self.create_group)
-        dispatcher.register(RequestCode.DELETE_SUBSCRIPTIONGROUP, self.delete_group)
-        dispatcher.register(RequestCode.GET_BROKER_CONFIG, self.broker_config)
-
+class AdminProcessor(Processor):
+    @handles(RequestCode.UPDATE_AND_CREATE_TOPIC)
     async def create_topic(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         h = CreateTopicRequestHeader.from_ext(cmd.ext_fields)
         validate_topic_name(h.topic)
@@ -56,6 +45,7 @@ class AdminProcessor:
                                               h.topicFilterType, h.topicSysFlag or 0, bool(h.order), kind))
         return cmd.response(ResponseCode.SUCCESS)
 
+    @handles(RequestCode.DELETE_TOPIC_IN_BROKER)
     async def delete_topic(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         topic = TopicRequestHeader.from_ext(cmd.ext_fields).topic
         if not await self.ctx.topics.delete(topic):
@@ -64,6 +54,7 @@ class AdminProcessor:
         self.ctx.retention.kick()  # its messages go in the background, in slices
         return cmd.response(ResponseCode.SUCCESS)
 
+    @handles(RequestCode.GET_ALL_TOPIC_CONFIG)
     def all_topic_config(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         table = {}
         for name, config in self.ctx.topics.topics.items():
@@ -76,6 +67,7 @@ class AdminProcessor:
         body = {"topicConfigTable": table, "dataVersion": {"timestamp": 0, "counter": 0}}
         return cmd.response(ResponseCode.SUCCESS, body=json.dumps(body).encode())
 
+    @handles(RequestCode.VIEW_MESSAGE_BY_ID)
     def view_message(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         offset = ViewMessageRequestHeader.from_ext(cmd.ext_fields).offset
         raw = self.ctx.store.read_record(offset) if offset >= 0 else None
@@ -86,6 +78,7 @@ class AdminProcessor:
         self.ctx.acl.check_record(channel, cmd, topic)
         return cmd.response(ResponseCode.SUCCESS, body=raw)
 
+    @handles(RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP)
     async def create_group(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         """Creates the group's retry topic, beyond maxAutoCreatedSubscriptionGroups (an admin's choice, as for
         topics); an existing group is left as it is."""
@@ -105,6 +98,7 @@ class AdminProcessor:
             await self.ctx.topics.put(TopicConfig(RETRY_PREFIX + group, 1, 1))
         return cmd.response(ResponseCode.SUCCESS)
 
+    @handles(RequestCode.DELETE_SUBSCRIPTIONGROUP)
     async def delete_group(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         """Deletes the group's retry and dead-letter topics (its consumer offsets stay, as RocketMQ keeps them
         unless asked)."""
@@ -117,6 +111,7 @@ class AdminProcessor:
             raise BrokerError(Failure.GROUP_NOT_FOUND, f"subscription group[{group}] not exist")
         return cmd.response(ResponseCode.SUCCESS)
 
+    @handles(RequestCode.GET_BROKER_CONFIG)
     def broker_config(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         """The configuration in effect, as RocketMQ answers it: Java properties text."""
         lines = [f"{key}={_property(value)}" for key, value in sorted(self.ctx.config.as_dict().items())]

@@ -12,6 +12,7 @@ from ..context import BrokerContext
 from ..errors import BrokerError, Failure
 from ..names import check_client_id, check_group, check_topic
 from ..services.clients import ClientInfo, parse_subscription
+from .base import Processor, handles
 
 LOCK_LEASE_S = 60.0
 
@@ -35,19 +36,12 @@ def _list_of_dicts(data: dict, key: str) -> list[dict]:
     return value
 
 
-class ClientManageProcessor:
+class ClientManageProcessor(Processor):
     def __init__(self, ctx: BrokerContext):
         self.ctx = ctx
         self.locks: dict[tuple[str, str, int], tuple[str, float]] = {}
 
-    def register(self, dispatcher) -> None:
-        dispatcher.register(RequestCode.HEART_BEAT, self.heartbeat)
-        dispatcher.register(RequestCode.UNREGISTER_CLIENT, self.unregister)
-        dispatcher.register(RequestCode.GET_CONSUMER_LIST_BY_GROUP, self.consumer_list)
-        dispatcher.register(RequestCode.LOCK_BATCH_MQ, self.lock)
-        dispatcher.register(RequestCode.UNLOCK_BATCH_MQ, self.unlock)
-        dispatcher.register(RequestCode.CHECK_CLIENT_CONFIG, self.check_client_config)
-
+    @handles(RequestCode.HEART_BEAT)
     async def heartbeat(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         """Registers the client's consumer and producer groups, or nothing: every name is checked before the
         first registration or retry topic, so a refused heartbeat leaves no trace."""
@@ -84,6 +78,7 @@ class ClientManageProcessor:
             self.ctx.producers.register(group, ClientInfo(client_id, channel, cmd.language, cmd.version, now))
         return cmd.response(ResponseCode.SUCCESS)
 
+    @handles(RequestCode.UNREGISTER_CLIENT)
     def unregister(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         h = UnregisterClientRequestHeader.from_ext(cmd.ext_fields)
         # Some clients send an absent group as an empty string: only a named group is checked and unregistered.
@@ -95,6 +90,7 @@ class ClientManageProcessor:
             self.ctx.consumers.unregister(consumer_group, channel)
         return cmd.response(ResponseCode.SUCCESS)
 
+    @handles(RequestCode.GET_CONSUMER_LIST_BY_GROUP)
     def consumer_list(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         h = GroupRequestHeader.from_ext(cmd.ext_fields)
         ids = self.ctx.consumers.client_ids(h.consumerGroup)
@@ -119,6 +115,7 @@ class ClientManageProcessor:
                               f"({channel.client_id or 'no heartbeat yet'}): queues are locked for oneself only")
         return group, client_id, mqs
 
+    @handles(RequestCode.LOCK_BATCH_MQ)
     def lock(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         group, client_id, mqs = self._mq_request(channel, cmd)
         now = time.monotonic()
@@ -131,6 +128,7 @@ class ClientManageProcessor:
                 granted.append(mq)
         return cmd.response(ResponseCode.SUCCESS, body=json.dumps({"lockOKMQSet": granted}).encode())
 
+    @handles(RequestCode.UNLOCK_BATCH_MQ)
     def unlock(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         group, client_id, mqs = self._mq_request(channel, cmd)
         for mq in mqs:
@@ -139,6 +137,7 @@ class ClientManageProcessor:
                 del self.locks[key]
         return cmd.response(ResponseCode.SUCCESS)
 
+    @handles(RequestCode.CHECK_CLIENT_CONFIG)
     def check_client_config(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         data = parse_json_body(cmd)
         expression_type = data.get("expressionType") or "TAG"

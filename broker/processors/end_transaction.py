@@ -12,6 +12,7 @@ from ..context import BrokerContext
 from ..dispatch import Deferred
 from ..errors import BrokerError
 from ..messaging.transactions import EndRequest, TransactionService
+from .base import Processor, handles
 
 log = logging.getLogger(__name__)
 #: commitOrRollback → the resolution (a dict lookup: the enum's constructor costs two Python calls per decision)
@@ -24,15 +25,12 @@ def _unheard(_outcome) -> RemotingCommand:
     return _UNHEARD
 
 
-class EndTransactionProcessor:
+class EndTransactionProcessor(Processor):
     def __init__(self, ctx: BrokerContext, transactions: TransactionService):
         self.ctx = ctx
         self.transactions = transactions
 
-    def register(self, dispatcher) -> None:
-        dispatcher.register(RequestCode.END_TRANSACTION, self.end_transaction)
-        dispatcher.register(RequestCode.RESUME_CHECK_HALF_MESSAGE, self.resume)
-
+    @handles(RequestCode.END_TRANSACTION)
     def end_transaction(self, channel, cmd: RemotingCommand):
         h = EndTransactionRequestHeader.from_ext(cmd.ext_fields)
         request = EndRequest(h.producerGroup, h.commitLogOffset, h.tranStateTableOffset,
@@ -49,6 +47,7 @@ class EndTransactionProcessor:
             return Deferred(completion, _unheard)
         return Deferred(completion, lambda _outcome: cmd.response(ResponseCode.SUCCESS))
 
+    @handles(RequestCode.RESUME_CHECK_HALF_MESSAGE)
     async def resume(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         h = ResumeCheckHalfMessageRequestHeader.from_ext(cmd.ext_fields)
         _host, offset = decode_offset_msg_id(h.msgId)

@@ -20,10 +20,11 @@ from halfmq.protocol.headers import (
 from halfmq.protocol.message import create_offset_msg_id, decode_record
 from halfmq.transactions import HalfStatus
 
-from ..context import BrokerContext, now_ms
+from ..context import now_ms
 from ..errors import BrokerError, Failure
 from ..names import DLQ_PREFIX, GRPC_GROUP_PREFIX, RETRY_PREFIX, check_group, check_message_key, check_topic
 from ..topics import SYSTEM_TOPICS, TopicConfig
+from .base import Processor, handles
 
 #: Rows per page of the transaction tables: what one request can make the broker read and encode on its event loop
 #: (a client wanting more asks for the next page). Decoding a half's state costs ~20 us here, so a page holds the
@@ -46,23 +47,8 @@ def _json(cmd: RemotingCommand, body) -> RemotingCommand:
     return cmd.response(ResponseCode.SUCCESS, body=json.dumps(body).encode())
 
 
-class InspectProcessor:
-    def __init__(self, ctx: BrokerContext):
-        self.ctx = ctx
-
-    def register(self, dispatcher) -> None:
-        dispatcher.register(RequestCode.QUERY_MESSAGE, self.query_message)
-        dispatcher.register(RequestCode.GET_BROKER_RUNTIME_INFO, self.runtime_info)
-        dispatcher.register(RequestCode.GET_PRODUCER_CONNECTION_LIST, self.producer_connections)
-        dispatcher.register(RequestCode.GET_CONSUMER_CONNECTION_LIST, self.consumer_connections)
-        dispatcher.register(RequestCode.GET_CONSUME_STATS, self.consume_stats)
-        dispatcher.register(RequestCode.HALFMQ_GET_HALF_STATUS, self.half_status)
-        dispatcher.register(RequestCode.HALFMQ_GET_TRANSACTION_RECORDS, self.transaction_records)
-        dispatcher.register(RequestCode.HALFMQ_GET_CONSUMER_GROUPS, self.consumer_groups)
-        dispatcher.register(RequestCode.HALFMQ_GET_PRODUCER_GROUPS, self.producer_groups)
-        dispatcher.register(RequestCode.HALFMQ_GET_TOPIC_STATS, self.topic_stats)
-        dispatcher.register(RequestCode.QUERY_TOPIC_CONSUME_BY_WHO, self.topic_consumers)
-
+class InspectProcessor(Processor):
+    @handles(RequestCode.QUERY_MESSAGE)
     def query_message(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         h = QueryMessageRequestHeader.from_ext(cmd.ext_fields)
         # Both form the key index's lookup prefix, which LMDB refuses beyond its key size.
@@ -78,6 +64,7 @@ class InspectProcessor:
                                                               "indexLastUpdatePhyoffset": "0"},
                             body=b"".join(records))
 
+    @handles(RequestCode.GET_BROKER_RUNTIME_INFO)
     def runtime_info(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         ctx = self.ctx
         stats = ctx.store.stats()
@@ -107,6 +94,7 @@ class InspectProcessor:
         return {"clientId": info.client_id, "clientAddr": info.channel.remote, "language": info.language,
                 "version": info.version}
 
+    @handles(RequestCode.GET_PRODUCER_CONNECTION_LIST)
     def producer_connections(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         group = check_group(ConnectionListRequestHeader.from_ext(cmd.ext_fields).producerGroup, "producerGroup")
         infos = self.ctx.producers.groups.get(group, {}).values()
@@ -114,6 +102,7 @@ class InspectProcessor:
             raise BrokerError(Failure.NOT_ONLINE, f"the producer group[{group}] not online")
         return _json(cmd, {"connectionSet": [self._connection(i) for i in infos]})
 
+    @handles(RequestCode.GET_CONSUMER_CONNECTION_LIST)
     def consumer_connections(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         group = check_group(ConnectionListRequestHeader.from_ext(cmd.ext_fields).consumerGroup, "consumerGroup")
         entry = self.ctx.consumers.groups.get(group)
@@ -125,6 +114,7 @@ class InspectProcessor:
                            "consumeType": entry.consume_type, "messageModel": entry.message_model,
                            "consumeFromWhere": entry.consume_from_where})
 
+    @handles(RequestCode.GET_CONSUME_STATS)
     def consume_stats(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         h = ConsumeStatsRequestHeader.from_ext(cmd.ext_fields)
         check_group(h.consumerGroup, "consumerGroup")
@@ -154,6 +144,7 @@ class InspectProcessor:
                              "diff": broker_offset - (consumer_offset or 0)})
         return rows
 
+    @handles(RequestCode.HALFMQ_GET_CONSUMER_GROUPS)
     def consumer_groups(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         """One page of the consumer groups (each ``%RETRY%`` topic's, and any with consumers online), in name order,
         each with its remoting consumers online, the topics it reads (subscribed, or with a committed offset), its
@@ -186,6 +177,7 @@ class InspectProcessor:
                          "dlqTopic": DLQ_PREFIX + group in ctx.topics.topics})
         return _json(cmd, {"groups": rows, "total": total, "next": after})
 
+    @handles(RequestCode.HALFMQ_GET_PRODUCER_GROUPS)
     def producer_groups(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         """One page of the live producer groups, in name order, each with its clients by client id (at most
         MAX_LISTED; ``clientCount`` counts them all): id, address, language, version and protocol; ``total`` and
@@ -212,6 +204,7 @@ class InspectProcessor:
                          "clients": clients})
         return _json(cmd, {"groups": rows, "total": total, "next": after})
 
+    @handles(RequestCode.HALFMQ_GET_HALF_STATUS)
     def half_status(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         """One page of the pending halves: age, checks so far, next check, waiting for a producer, group, topic,
         offsetMsgId, how many messages it holds (a batch half more than one). ``order`` "due" (the default): next
@@ -241,6 +234,7 @@ class InspectProcessor:
                  "messages": state.batch or 1} for offset, state in halves]
         return _json(cmd, {"pending": store.pending_halves_count(), "halves": rows, "next": after})
 
+    @handles(RequestCode.HALFMQ_GET_TRANSACTION_RECORDS)
     def transaction_records(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         """One page of the transactions' records (for audits): state, group, topic, times, check count, and the
         half's offsetMsgId (what a resume names); in store order (``order`` "-store": newest first), of one
@@ -264,6 +258,7 @@ class InspectProcessor:
                          "waitingForProducer": state.waiting})
         return _json(cmd, {"records": rows, "next": None if last is None else str(last)})
 
+    @handles(RequestCode.HALFMQ_GET_TOPIC_STATS)
     def topic_stats(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         """One page of the topics, in name order, each with its settings, messages sent to it since the broker
         started (None: beyond metricsMaxLabelValues, counted with others) and each queue's min and max offset;
@@ -309,6 +304,7 @@ class InspectProcessor:
                 "writeQueueNums": config.write_queue_nums, "perm": config.perm, "messageType": config.message_type,
                 "messagesIn": metrics.messages_in.get(config.name, [0])[0] if counted else None, "queues": queues}
 
+    @handles(RequestCode.QUERY_TOPIC_CONSUME_BY_WHO)
     def topic_consumers(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         """QUERY_TOPIC_CONSUME_BY_WHO: the groups with a consumer offset in the topic or a consumer online
         subscribed to it, by name."""

@@ -7,16 +7,11 @@ import json
 from halfmq.protocol.codes import RequestCode, ResponseCode
 from halfmq.protocol.command import RemotingCommand
 
-from ..context import BrokerContext
+from .base import Processor, handles
 
 
-class LifecycleProcessor:
-    def __init__(self, ctx: BrokerContext):
-        self.ctx = ctx
-
-    def register(self, dispatcher) -> None:
-        dispatcher.register(RequestCode.DELETE_EXPIRED_COMMITLOG, self.delete_expired)
-
+class LifecycleProcessor(Processor):
+    @handles(RequestCode.DELETE_EXPIRED_COMMITLOG)
     async def delete_expired(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         result = await self.ctx.retention.run_pass()
         status = self.ctx.retention.status()

@@ -12,29 +12,24 @@ from halfmq.protocol.headers import (QueryConsumerOffsetRequestHeader, QueueRequ
 from ..context import BrokerContext
 from ..errors import BrokerError
 from ..messaging.consumer import ConsumerService, OffsetRequest, OffsetSearch
+from .base import Processor, handles
 
 log = logging.getLogger(__name__)
 
 
-class OffsetProcessor:
+class OffsetProcessor(Processor):
     def __init__(self, ctx: BrokerContext, consumer: ConsumerService):
         self.ctx = ctx
         self.consumer = consumer
 
-    def register(self, dispatcher) -> None:
-        dispatcher.register(RequestCode.QUERY_CONSUMER_OFFSET, self.query_consumer_offset)
-        dispatcher.register(RequestCode.UPDATE_CONSUMER_OFFSET, self.update_consumer_offset)
-        dispatcher.register(RequestCode.GET_MAX_OFFSET, self.max_offset)
-        dispatcher.register(RequestCode.GET_MIN_OFFSET, self.min_offset)
-        dispatcher.register(RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, self.search_offset)
-        dispatcher.register(RequestCode.GET_EARLIEST_MSG_STORETIME, self.earliest_store_time)
-
+    @handles(RequestCode.QUERY_CONSUMER_OFFSET)
     def query_consumer_offset(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         h = QueryConsumerOffsetRequestHeader.from_ext(cmd.ext_fields)
         # A 5.x remoting client can opt out of starting a new group at the queue's start (setZeroIfNotFound=false).
         request = OffsetRequest(h.consumerGroup, h.topic, h.queueId, from_queue_start=h.setZeroIfNotFound is not False)
         return _offset(cmd, self.consumer.query_offset(request))
 
+    @handles(RequestCode.UPDATE_CONSUMER_OFFSET)
     def update_consumer_offset(self, channel, cmd: RemotingCommand):
         h = UpdateConsumerOffsetRequestHeader.from_ext(cmd.ext_fields)
         request = OffsetRequest(h.consumerGroup, h.topic, h.queueId, h.commitOffset)
@@ -51,19 +46,23 @@ class OffsetProcessor:
         await committed
         return cmd.response(ResponseCode.SUCCESS)
 
+    @handles(RequestCode.GET_MAX_OFFSET)
     def max_offset(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         h = QueueRequestHeader.from_ext(cmd.ext_fields)
         return _offset(cmd, self.ctx.store.max_offset(h.topic, h.queueId))
 
+    @handles(RequestCode.GET_MIN_OFFSET)
     def min_offset(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         h = QueueRequestHeader.from_ext(cmd.ext_fields)
         return _offset(cmd, self.ctx.store.min_offset(h.topic, h.queueId))
 
+    @handles(RequestCode.SEARCH_OFFSET_BY_TIMESTAMP)
     def search_offset(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         h = SearchOffsetRequestHeader.from_ext(cmd.ext_fields)
         return _offset(cmd, self.consumer.search_offset(OffsetSearch(h.topic, h.queueId, h.timestamp,
                                                                      h.boundaryType)))
 
+    @handles(RequestCode.GET_EARLIEST_MSG_STORETIME)
     def earliest_store_time(self, channel, cmd: RemotingCommand) -> RemotingCommand:
         h = QueueRequestHeader.from_ext(cmd.ext_fields)
         ts = self.ctx.store.earliest_store_time(h.topic, h.queueId)
