@@ -37,6 +37,8 @@ class EndRequest:
     topic: str | None = None
     #: the transaction id as the request carried it, for the refusal of one naming no half (``half_offset`` None)
     transaction_id: str = ""
+    #: with ``decision`` None, what the request's wire form got wrong (the refusal's remark; "": the default one)
+    malformed: str = ""
 
 
 #: the caller's identity as the service needs it: raises BrokerError FORBIDDEN (or the door's equivalent) when the
@@ -77,7 +79,7 @@ class TransactionService:
                                                            f"id this broker ({broker}) gave")
         decision = request.decision
         if decision is None:
-            raise BrokerError(Failure.BAD_REQUEST, "the resolution must be COMMIT or ROLLBACK")
+            raise BrokerError(Failure.BAD_REQUEST, request.malformed or "the resolution must be COMMIT or ROLLBACK")
         if decision is TransactionResolution.UNKNOWN:
             # The half stays pending. The reference never answers UNKNOWN; the door answers all the same, so a
             # client that waits for the reply is not left hanging until its timeout.

@@ -33,8 +33,11 @@ class EndTransactionProcessor(Processor):
     @handles(RequestCode.END_TRANSACTION)
     def end_transaction(self, channel, cmd: RemotingCommand):
         h = EndTransactionRequestHeader.from_ext(cmd.ext_fields)
-        request = EndRequest(h.producerGroup, h.commitLogOffset, h.tranStateTableOffset,
-                             _RESOLUTIONS.get(h.commitOrRollback), bool(h.fromTransactionCheck))
+        decision = _RESOLUTIONS.get(h.commitOrRollback)
+        request = EndRequest(h.producerGroup, h.commitLogOffset, h.tranStateTableOffset, decision,
+                             bool(h.fromTransactionCheck))
+        if decision is None:
+            request.malformed = f"commitOrRollback {h.commitOrRollback} is not 0, 8 or 12"
         try:
             completion = self.transactions.end(request, lambda topic: self.ctx.acl.check_decision(cmd, topic))
         except BrokerError as exc:

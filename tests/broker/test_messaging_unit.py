@@ -464,6 +464,17 @@ def test_a_refused_decision_writes_nothing(request_args, failure):
     assert refused.value.failure is failure and decided == []
 
 
+def test_a_missing_decision_is_refused_with_what_the_door_says_of_its_wire_form():
+    from halfmq.broker.messaging.transactions import EndRequest
+
+    service, decided = transaction_service()
+    for malformed, remark in (("", "the resolution must be COMMIT or ROLLBACK"),
+                              ("commitOrRollback 5 is not 0, 8 or 12", "commitOrRollback 5 is not 0, 8 or 12")):
+        with pytest.raises(BrokerError) as refused:
+            service.end(EndRequest("PG", 100, 3, None, malformed=malformed), allowing([]))
+        assert refused.value.remark == remark and decided == []
+
+
 def test_an_unknown_half_is_left_for_the_store_to_refuse_unasked():
     from halfmq.broker.messaging.transactions import EndRequest
     from halfmq.protocol.codes import TransactionResolution as R
