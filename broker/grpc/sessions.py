@@ -108,12 +108,6 @@ class ClientSession:
         return self._outbox is not None
 
     @property
-    def closed(self) -> bool:
-        """No live telemetry stream: a check written to the session can no longer be answered (check_back's
-        ``producer_registered`` makes its half due again when the group registers a producer)."""
-        return self._outbox is None
-
-    @property
     def unread_bytes(self) -> int:
         return self._unread
 

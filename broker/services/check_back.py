@@ -74,6 +74,7 @@ class CheckBackService:
     def start(self) -> None:
         self.states.on_due.append(self.schedule_at)
         self.ctx.producers.register_listeners.append(self.producer_registered)
+        self.ctx.producers.close_listeners.append(self.channel_closed)
         # Halves that were waiting for a producer before a restart keep waiting for one (cost: pending only).
         for _due, offset in self.store.due_halves(2 ** 62, 2 ** 31):
             state = self.store.get_half(offset)
@@ -86,7 +87,8 @@ class CheckBackService:
     async def stop(self) -> None:
         self._stopped = True
         for listeners, listener in ((self.states.on_due, self.schedule_at),
-                                    (self.ctx.producers.register_listeners, self.producer_registered)):
+                                    (self.ctx.producers.register_listeners, self.producer_registered),
+                                    (self.ctx.producers.close_listeners, self.channel_closed)):
             if listener in listeners:  # a broker that stops leading keeps its registries
                 listeners.remove(listener)
         if self._timer is not None:
@@ -141,13 +143,27 @@ class CheckBackService:
             self.schedule_at(head[0])
 
     def producer_registered(self, group: str, _channel) -> None:
-        offsets = self.waiting_for_producer.pop(group, set())
-        # A check written to a producer that closed since cannot be answered: without this its half waited the
-        # whole check interval although the group has a producer again (one that crashed right after its half).
-        offsets.update(offset for offset, (ref, _when, of_group) in self._last_check.items()
-                       if of_group == group and _closed(ref()))
+        offsets = self.waiting_for_producer.pop(group, None)
         if offsets:
             self.states.make_due(sorted(offsets))  # the scheduler is woken by the transition itself
+
+    def channel_closed(self, channel) -> None:
+        """Checks the channel left unanswered can no longer be answered: their halves go to another producer of
+        their group at once, or wait for the group's next one, as undeliverable checks do. CI: a producer that
+        crashed right after its half still had an open channel when the half came due; the check went there, and
+        the group's next producer waited the whole check interval for it."""
+        if not self._last_check:
+            return
+        due_now: list[int] = []
+        for offset, (ref, when, group) in self._last_check.items():
+            if ref() is not channel or channel.heard_since(when):
+                continue
+            if self.ctx.producers.live_channels(group):
+                due_now.append(offset)
+            else:
+                self.waiting_for_producer.setdefault(group, set()).add(offset)
+        if due_now:
+            self.states.make_due(due_now)
 
     # --- one pass ---
     async def run_pass(self) -> int:
@@ -280,10 +296,6 @@ class CheckBackService:
                   "offsetMsgId": create_offset_msg_id(self.ctx.store_host, offset)}
         return channel.send_request(RemotingCommand(RequestCode.CHECK_TRANSACTION_STATE, flag=FLAG_ONEWAY,
                                                     ext_fields=header, body=bytes(body)))
-
-
-def _closed(channel) -> bool:
-    return channel is None or channel.closed
 
 
 def with_check_times(properties_text: str, checks: int) -> str:

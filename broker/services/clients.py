@@ -70,6 +70,8 @@ class ProducerRegistry:
         self.groups: dict[str, dict[Channel, ClientInfo]] = {}
         self._counter = 0
         self.register_listeners: list[Callable[[str, Channel], None]] = []
+        #: told of every closed channel (a producer's or not: a half's sender need not have registered)
+        self.close_listeners: list[Callable[[Channel], None]] = []
 
     def register(self, group: str, info: ClientInfo) -> None:
         """Register (or refresh: every heartbeat) a producer of ``group``. Every registration is a sign of life the
@@ -88,6 +90,8 @@ class ProducerRegistry:
     def channel_closed(self, channel: Channel) -> None:
         for group in list(self.groups):
             self.unregister(group, channel)
+        for listener in self.close_listeners:
+            listener(channel)
 
     def live_channels(self, group: str) -> list[Channel]:
         return [ch for ch in self.groups.get(group, {}) if ch.writable]

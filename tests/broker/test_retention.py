@@ -235,7 +235,10 @@ async def test_a_store_filled_with_big_halves_nobody_answers_frees_itself(broker
     Now a refusing store's discards write no copy (the half stays resumable from its own record), the discarded
     halves age out, and the store frees itself as one of plain messages does."""
     from tests.support.raw import RawClient
-    broker = await broker_factory(mapSize=1 << 20, maxMapSize=32 << 20, fileReservedTime=0.001,
+    # Halves age out after 7.2 s: the fill must end before (CI, on a machine running nine times its cores' work,
+    # took more than 3.6 s to fill, the first halves aged out meanwhile, and the store never refused).
+    age_s = 7.2
+    broker = await broker_factory(mapSize=1 << 20, maxMapSize=32 << 20, fileReservedTime=age_s / 3600,
                                   cleanResourceInterval=3_600_000, transactionTimeOut=20,
                                   transactionCheckInterval=500, transactionCheckMax=2)
     orphan = await RawClient.connect(broker.addr)
@@ -253,11 +256,11 @@ async def test_a_store_filled_with_big_halves_nobody_answers_frees_itself(broker
     filled = time.time()
     client = await RawClient.connect(broker.addr)
     try:
-        await outlive_retention(filled + 3.6 - RESERVED_S)  # every half is older than fileReservedTime (3.6 s)
-        deadline = time.monotonic() + 10
+        await outlive_retention(filled + age_s - RESERVED_S)  # every half is older than fileReservedTime
+        deadline = time.monotonic() + 3 * age_s
         while (answer := await client.send("Other", body)).code != ResponseCode.SUCCESS:
             assert time.monotonic() < deadline, f"sends are still refused ({answer.code}): the halves pin the store"
-            await outlive_retention(time.time() + 3.6 - RESERVED_S)  # the discarded halves age out too
+            await outlive_retention(time.time() + age_s - RESERVED_S)  # the discarded halves age out too
             await broker.ctx.retention.run_pass()
         assert broker.store.pending_halves_count() == 0
     finally:

@@ -1,7 +1,8 @@
-"""A gRPC session is the channel of its halves (check_back writes their checks to it), so it answers what a remoting
-``Channel`` does: check_back's ``producer_registered`` asks every sender whether it is ``closed``."""
+"""A gRPC session is the channel of its halves (check_back writes their checks to it), so its end strands their
+checks as a remoting connection's close does: check_back hears of both through ``ProducerRegistry.channel_closed``."""
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -9,20 +10,24 @@ import pytest
 pytest.importorskip("h2")
 
 
-async def test_a_session_is_closed_while_it_has_no_live_telemetry_stream():
+@pytest.mark.parametrize("other_producer", [False, True])
+def test_a_check_a_session_left_unanswered_goes_to_its_groups_next_producer(other_producer):
     from halfmq.broker.grpc.sessions import ClientSession, UnreadTotal
     from halfmq.broker.services.check_back import CheckBackService
 
     session = ClientSession("c1", "address 127.0.0.1", "127.0.0.1:5000", "PYTHON", 1 << 20, 1 << 20, "b1",
                             UnreadTotal(1 << 20))
-    assert session.closed
-    outbox = session.attach()
-    assert not session.closed
-    session.detach(outbox)
-    assert session.closed
-    # a check written to it before its stream ended is made again once its group registers a producer
+    checked = time.monotonic() + 1  # after anything the session said
     made_due = []
-    service = SimpleNamespace(waiting_for_producer={}, _last_check={7: (lambda: session, 0, "%GRPC%T")},
-                              states=SimpleNamespace(make_due=made_due.append))
-    CheckBackService.producer_registered(service, "%GRPC%T", None)
-    assert made_due == [[7]]
+    live = [object()] if other_producer else []
+    service = SimpleNamespace(waiting_for_producer={}, _last_check={7: (lambda: session, checked, "%GRPC%T"),
+                                                                    8: (lambda: None, checked, "%GRPC%T")},
+                              states=SimpleNamespace(make_due=made_due.append),
+                              ctx=SimpleNamespace(producers=SimpleNamespace(live_channels=lambda group: live)))
+    CheckBackService.channel_closed(service, session)
+    if other_producer:  # another producer of the group answers it now
+        assert made_due == [[7]] and service.waiting_for_producer == {}
+    else:  # the group's next producer does (producer_registered)
+        assert made_due == [] and service.waiting_for_producer == {"%GRPC%T": {7}}
+        CheckBackService.producer_registered(service, "%GRPC%T", None)
+        assert made_due == [[7]]
