@@ -26,7 +26,7 @@ class Channel:
     """
 
     __slots__ = ("id", "transport", "remote", "closed", "last_active", "client_id", "_opaque", "_pending",
-                 "_pending_size", "_callback_bytes", "_callback_since", "__weakref__")
+                 "_pending_size", "_callback_bytes", "_callback_since", "sender", "__weakref__")
 
     def __init__(self, transport, remote: str):
         self.id = next(_ids)
@@ -35,6 +35,8 @@ class Channel:
         self.closed = False
         self.last_active = time.monotonic()
         self.client_id: str | None = None  # set by the client's heartbeat
+        #: who its sends are made as (processors/send.py ``RemotingSender``), kept while they are made alike
+        self.sender = None
         self._opaque = itertools.count(1 << 20)
         self._pending: list[bytes] | None = None
         self._pending_size = 0

@@ -92,6 +92,10 @@ class BrokerMetrics:
         limit = ctx.config.metricsMaxLabelValues
         self.topic_label, self.group_label = LabelCap(limit), LabelCap(limit)
         self.messages_in: dict[str, list[int]] = {}  # topic → [messages, body bytes]
+        #: (Completion, topic, body bytes) of each message submitted and not counted yet (ProducerService): counted
+        #: in by ``count_stored`` once its write is durable, without a completion callback per message
+        self.uncounted: list[tuple] = []
+        ctx.store.publish_hooks.append(self.count_stored)
         self.rpc_latency: dict[tuple[int, int], list] = {}  # (code, response code) → bucket counts + [sum]
         self.messages_out = Counter("rocketmq_messages_out", "Messages delivered by pulls",
                                     ["topic", "consumer_group"], registry=r)
@@ -139,6 +143,32 @@ class BrokerMetrics:
                 totals = self.messages_in[label] = [0, 0]
         totals[0] += count
         totals[1] += nbytes
+
+    def count_stored(self) -> None:
+        """The messages of ``uncounted`` whose writes are durable, counted in; those whose writes failed, dropped.
+
+        A store publish hook: it runs once the store resolved a group's Completions, before the loop goes on (so
+        before a client could read the count after its answer). Groups are published in the order they were
+        submitted, so the resolved messages come first; a write refused at once is resolved early and waits
+        behind them, and what is still pending stays for a later group."""
+        uncounted = self.uncounted
+        if not uncounted:
+            return
+        messages_in, resolved, count = self.messages_in, 0, 0
+        for completion, topic, nbytes in uncounted:
+            if completion.succeeded():
+                totals = messages_in.get(topic)
+                if totals is None:
+                    self.message_in(topic, nbytes)
+                else:
+                    totals[0] += 1
+                    totals[1] += nbytes
+                    count += 1
+            elif not completion.done():
+                break
+            resolved += 1
+        self.messages_in_total += count
+        del uncounted[:resolved]
 
     def message_out(self, topic: str, group: str, count: int, nbytes: int) -> None:
         self.messages_out_total += count

@@ -37,6 +37,11 @@ class Completion:
             raise asyncio.InvalidStateError("the write is not durable yet")
         return self._result
 
+    def succeeded(self) -> bool:
+        """Resolved with a result (False while pending or once failed): one call where ``done`` and ``exception``
+        take two."""
+        return self._result is not _PENDING
+
     def exception(self) -> BaseException | None:
         if not self.done():
             raise asyncio.InvalidStateError("the write is not durable yet")

@@ -149,13 +149,13 @@ class ProducerService:
         return self._submit_counted(rec)
 
     def _submit_counted(self, rec: MessageRecord) -> Completion:
-        """submit_message, and the message counted once it is stored."""
-        metrics = self.ctx.metrics
-        if metrics is None:
-            return self.submit_message(rec)
-        topic, size = rec.topic, len(rec.body)
+        """submit_message, and the message counted once it is stored (metrics.py ``count_stored``, under the topic
+        it was sent to: a delayed message is stored in the schedule topic)."""
+        topic = rec.topic
         completion = self.submit_message(rec)
-        completion.add_done_callback(lambda done: done.exception() is None and metrics.message_in(topic, size, 1))
+        metrics = self.ctx.metrics
+        if metrics is not None:
+            metrics.uncounted.append((completion, topic, len(rec.body)))
         return completion
 
     async def send_batch(self, request: BatchRequest, sender: Sender) -> BatchSent:

@@ -33,13 +33,26 @@ _MAX_RECONSUME_VERSION = 121
 
 
 class RemotingSender(Sender):
-    """A remoting producer: its half registers it as its heartbeat would (its client id once it sent one)."""
+    """A remoting producer: its half registers it as its heartbeat would (its client id once it sent one).
+
+    A connection's sends are made as one RemotingSender (``Channel.sender``, built again when a send names another
+    group or client version: ``of``), not one each."""
 
     __slots__ = ("language", "version")
 
     def __init__(self, group: str | None, channel, cmd: RemotingCommand):
-        # (Sender's fields set here: one call less on every send)
+        # (Sender's fields set here: one call less)
         self.group, self.channel, self.language, self.version = group, channel, cmd.language, cmd.version
+
+    @staticmethod
+    def of(channel, group: str | None, cmd: RemotingCommand) -> "RemotingSender":
+        """The sender of ``cmd``, a request of ``channel`` naming producer ``group``: the connection's last one
+        when that was alike."""
+        sender = channel.sender
+        if (sender is None or sender.group != group or sender.version != cmd.version
+                or sender.language != cmd.language):
+            sender = channel.sender = RemotingSender(group, channel, cmd)
+        return sender
 
     def half_sent(self, producers, group: str, topic: str) -> None:
         channel = self.channel
@@ -61,6 +74,7 @@ class SendProcessor:
         dispatcher.register(RequestCode.SEND_BATCH_MESSAGE, self.send,
                             lambda size: check_body(size, "batch body"))
         dispatcher.register(RequestCode.CONSUMER_SEND_MSG_BACK, self.send_back)
+        dispatcher.on_channel_closed(_forget_sender)
 
     # --- SEND_MESSAGE / V2 / BATCH ---
     def send(self, channel, cmd: RemotingCommand):
@@ -77,7 +91,7 @@ class SendProcessor:
         request = SendRequest(rec, header.queueId, None,
                               header.maxReconsumeTimes if cmd.version >= _MAX_RECONSUME_VERSION else None,
                               header.defaultTopic, header.defaultTopicQueueNums)
-        sent = self.producer.send(request, RemotingSender(header.producerGroup, channel, cmd))
+        sent = self.producer.send(request, RemotingSender.of(channel, header.producerGroup, cmd))
         store_host = self.ctx.store_host
 
         def answer(value) -> RemotingCommand:
@@ -97,7 +111,7 @@ class SendProcessor:
         request = BatchRequest(header.topic, cmd.body, header.properties or "", header.queueId, header.sysFlag,
                                header.bornTimestamp, channel.remote, header.defaultTopic,
                                header.defaultTopicQueueNums)
-        sent = await self.producer.send_batch(request, RemotingSender(header.producerGroup, channel, cmd))
+        sent = await self.producer.send_batch(request, RemotingSender.of(channel, header.producerGroup, cmd))
         store_host = self.ctx.store_host
         ext = {"msgId": ",".join(create_offset_msg_id(store_host, r.physical_offset) for r in sent.results),
                "queueId": str(sent.queue_id), "queueOffset": str(sent.results[0].queue_offset), **_EXTRA}
@@ -129,6 +143,10 @@ class SendProcessor:
                             header.originMsgId or rec.msg_id, rec.reconsume_times + 1, ctx.store_host, level)
         await self.producer.submit_message(new)
         return cmd.response(ResponseCode.SUCCESS)
+
+
+def _forget_sender(channel) -> None:
+    channel.sender = None  # it refers to the channel: no cycle left for the collector
 
 
 def _check_consumable(rec: MessageRecord, offset: int) -> None:
