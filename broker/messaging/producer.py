@@ -145,18 +145,8 @@ class ProducerService:
                 return self.ctx.transactions.prepare(rec, group, sender.channel)
             return writes.store(lambda: self.ctx.transactions.prepare(rec, group, sender.channel))
         if writes is not None:
-            return writes.store(lambda: self._submit_counted(rec))
-        return self._submit_counted(rec)
-
-    def _submit_counted(self, rec: MessageRecord) -> Completion:
-        """submit_message, and the message counted once it is stored (metrics.py ``count_stored``, under the topic
-        it was sent to: a delayed message is stored in the schedule topic)."""
-        topic = rec.topic
-        completion = self.submit_message(rec)
-        metrics = self.ctx.metrics
-        if metrics is not None:
-            metrics.uncounted.append((completion, topic, len(rec.body)))
-        return completion
+            return writes.store(lambda: self.submit_message(rec, True))
+        return self.submit_message(rec, True)
 
     async def send_batch(self, request: BatchRequest, sender: Sender) -> BatchSent:
         """Check a batch whole and store its messages in one write to one queue (a batch half: prepare them as one
@@ -272,13 +262,22 @@ class ProducerService:
         rec.properties.pop(P.WAIT, None)
         rec.properties[P.CLUSTER] = self.cluster
 
-    def submit_message(self, rec: MessageRecord) -> Completion:
-        """Store ``rec`` (see store_op); a timer message also tells the timer service when it is due."""
+    def submit_message(self, rec: MessageRecord, counted: bool = False) -> Completion:
+        """Store ``rec`` (see store_op); a timer message also tells the timer service when it is due.
+
+        Args:
+            counted: a message sent in (not a consumer's copy): counted once it is stored (metrics.py
+                ``count_stored``: no callback per message), under the topic it was sent to (a delayed message is
+                stored in the schedule topic).
+        """
+        topic = rec.topic
         op = self.store_op(rec)
         completion = self.ctx.store.submit(op)
         if isinstance(op, PutTimed):
             completion.add_done_callback(lambda c: self.ctx.timers.stored(op.due_ms) if c.exception() is None
                                          else None)
+        if counted and self.ctx.metrics is not None:
+            self.ctx.metrics.uncounted.append((completion, topic, len(rec.body)))
         return completion
 
     def store_op(self, rec: MessageRecord) -> PutMessage | PutTimed:
