@@ -36,23 +36,13 @@ class RemotingSender(Sender):
     """A remoting producer: its half registers it as its heartbeat would (its client id once it sent one).
 
     A connection's sends are made as one RemotingSender (``Channel.sender``, built again when a send names another
-    group or client version: ``of``), not one each."""
+    group or client version: ``SendProcessor.send``), not one each."""
 
     __slots__ = ("language", "version")
 
     def __init__(self, group: str | None, channel, cmd: RemotingCommand):
         # (Sender's fields set here: one call less)
         self.group, self.channel, self.language, self.version = group, channel, cmd.language, cmd.version
-
-    @staticmethod
-    def of(channel, group: str | None, cmd: RemotingCommand) -> "RemotingSender":
-        """The sender of ``cmd``, a request of ``channel`` naming producer ``group``: the connection's last one
-        when that was alike."""
-        sender = channel.sender
-        if (sender is None or sender.group != group or sender.version != cmd.version
-                or sender.language != cmd.language):
-            sender = channel.sender = RemotingSender(group, channel, cmd)
-        return sender
 
     def half_sent(self, producers, group: str, topic: str) -> None:
         channel = self.channel
@@ -91,7 +81,11 @@ class SendProcessor:
         request = SendRequest(rec, header.queueId, None,
                               header.maxReconsumeTimes if cmd.version >= _MAX_RECONSUME_VERSION else None,
                               header.defaultTopic, header.defaultTopicQueueNums)
-        sent = self.producer.send(request, RemotingSender.of(channel, header.producerGroup, cmd))
+        sender = channel.sender  # the connection's, while its sends are alike (a call and an object less each)
+        if (sender is None or sender.group != header.producerGroup or sender.version != cmd.version
+                or sender.language != cmd.language):
+            sender = channel.sender = RemotingSender(header.producerGroup, channel, cmd)
+        sent = self.producer.send(request, sender)
         store_host = self.ctx.store_host
 
         def answer(value) -> RemotingCommand:
@@ -111,7 +105,7 @@ class SendProcessor:
         request = BatchRequest(header.topic, cmd.body, header.properties or "", header.queueId, header.sysFlag,
                                header.bornTimestamp, channel.remote, header.defaultTopic,
                                header.defaultTopicQueueNums)
-        sent = await self.producer.send_batch(request, RemotingSender.of(channel, header.producerGroup, cmd))
+        sent = await self.producer.send_batch(request, RemotingSender(header.producerGroup, channel, cmd))
         store_host = self.ctx.store_host
         ext = {"msgId": ",".join(create_offset_msg_id(store_host, r.physical_offset) for r in sent.results),
                "queueId": str(sent.queue_id), "queueOffset": str(sent.results[0].queue_offset), **_EXTRA}
