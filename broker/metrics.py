@@ -156,7 +156,7 @@ class BrokerMetrics:
             return
         messages_in, resolved, count = self.messages_in, 0, 0
         for completion, topic, nbytes in uncounted:
-            if completion.succeeded():
+            if completion.succeeded:
                 totals = messages_in.get(topic)
                 if totals is None:
                     self.message_in(topic, nbytes)

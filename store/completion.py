@@ -16,10 +16,12 @@ _PENDING = object()
 
 
 class Completion:
-    __slots__ = ("_loop", "_result", "_exception", "_callbacks")
+    __slots__ = ("_loop", "_result", "_exception", "_callbacks", "succeeded")
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self._loop = loop
+        #: resolved with a result (not pending, not failed): read without a call (metrics.py count_stored)
+        self.succeeded = False
         self._result: Any = _PENDING
         self._exception: BaseException | None = None
         self._callbacks: list[Callable[["Completion"], None]] = []
@@ -37,11 +39,6 @@ class Completion:
             raise asyncio.InvalidStateError("the write is not durable yet")
         return self._result
 
-    def succeeded(self) -> bool:
-        """Resolved with a result (False while pending or once failed): one call where ``done`` and ``exception``
-        take two."""
-        return self._result is not _PENDING
-
     def exception(self) -> BaseException | None:
         if not self.done():
             raise asyncio.InvalidStateError("the write is not durable yet")
@@ -55,6 +52,7 @@ class Completion:
 
     def set_result(self, value) -> None:
         self._result = value
+        self.succeeded = True
         self._run_callbacks()
 
     def set_exception(self, exc: BaseException) -> None:

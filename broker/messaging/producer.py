@@ -278,8 +278,8 @@ class ProducerService:
         if isinstance(op, PutTimed):
             completion.add_done_callback(lambda c: self.ctx.timers.stored(op.due_ms) if c.exception() is None
                                          else None)
-        if counted and self.ctx.metrics is not None:
-            self.ctx.metrics.uncounted.append((completion, topic, len(rec.body)))
+        if counted and (metrics := self.ctx.metrics) is not None:
+            metrics.uncounted.append((completion, topic, len(rec.body)))
         return completion
 
     def store_op(self, rec: MessageRecord) -> PutMessage | PutTimed:

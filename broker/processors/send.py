@@ -74,9 +74,10 @@ class SendProcessor:
             header = SendMessageRequestHeaderV2.from_ext(cmd.ext_fields)
         if cmd.code == _SEND_BATCH_MESSAGE:
             return self._send_batch(channel, cmd, header)
+        store_host = self.ctx.store_host
         rec = MessageRecord(topic=header.topic, body=cmd.body, flag=header.flag, sys_flag=header.sysFlag,
                             born_timestamp=header.bornTimestamp, born_host=channel.remote,
-                            store_host=self.ctx.store_host, reconsume_times=header.reconsumeTimes or 0,
+                            store_host=store_host, reconsume_times=header.reconsumeTimes or 0,
                             properties=decode_properties(header.properties or ""))
         request = SendRequest(rec, header.queueId, None,
                               header.maxReconsumeTimes if cmd.version >= _MAX_RECONSUME_VERSION else None,
@@ -86,7 +87,6 @@ class SendProcessor:
                 or sender.language != cmd.language):
             sender = channel.sender = RemotingSender(header.producerGroup, channel, cmd)
         sent = self.producer.send(request, sender)
-        store_host = self.ctx.store_host
 
         def answer(value) -> RemotingCommand:
             if request.half:
