@@ -327,6 +327,70 @@ def test_the_connection_receives_frames_as_h2_does_less_the_trace():
     assert code(_H2Connection._receive_frame) == code(h2.connection.H2Connection._receive_frame)
 
 
+def test_answers_are_sent_as_h2_sends_them():
+    """_H2Connection.send_headers / send_data write reused header blocks and DATA frames at once: random answers,
+    trailers, data and mistakes (trailers without END_STREAM, data past the window or on an ended stream) on
+    several streams give the same bytes, errors, stream states and windows as h2's own connection."""
+    import random
+
+    import h2.config
+    import h2.connection
+    import h2.exceptions
+
+    from halfmq.broker.grpc.http2 import _OK_TRAILERS, _RESPONSE_HEADERS, _H2Connection
+
+    config = h2.config.H2Configuration(client_side=False, header_encoding=None, validate_inbound_headers=False,
+                                       normalize_inbound_headers=False, validate_outbound_headers=False,
+                                       normalize_outbound_headers=False, split_outbound_cookies=False)
+    rng = random.Random(43)
+    for _ in range(20):
+        client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+        client.initiate_connection()
+        client.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: rng.choice([20, 300, 65535])})
+        ids = []
+        for _ in range(rng.randrange(1, 6)):
+            stream_id = client.get_next_available_stream_id()
+            client.send_headers(stream_id, [(":method", "POST"), (":scheme", "http"), (":path", "/a/B"),
+                                            (":authority", "x")], end_stream=rng.random() < 0.5)
+            ids.append(stream_id)
+        request = client.data_to_send()
+        ours, theirs = _H2Connection(config), h2.connection.H2Connection(config)
+        for conn in (ours, theirs):
+            conn.initiate_connection()
+            conn.receive_data(request)
+        for _ in range(60):
+            stream_id = rng.choice(ids)
+            kind = rng.randrange(5)
+            end = rng.random() < 0.3
+            data, status, cut = bytes(rng.randrange(400)), b"%d" % rng.randrange(3), rng.randrange(1, 50)
+            outcomes = []
+            for conn in (ours, theirs):
+                try:
+                    if kind == 0:
+                        conn.send_headers(stream_id, _RESPONSE_HEADERS, end_stream=end)
+                    elif kind == 1:
+                        conn.send_headers(stream_id, _OK_TRAILERS, end_stream=end)
+                    elif kind == 2:
+                        conn.send_headers(stream_id, [(b"grpc-status", status)], end_stream=end)
+                    elif kind == 3:
+                        conn.send_data(stream_id, data, end_stream=end)
+                    else:
+                        conn.send_data(stream_id, memoryview(data)[:cut], end_stream=end)
+                    outcomes.append(None)
+                except h2.exceptions.H2Error as exc:
+                    outcomes.append(type(exc))
+            assert outcomes[0] == outcomes[1]
+            assert ours.data_to_send() == theirs.data_to_send()
+            assert ours.outbound_flow_control_window == theirs.outbound_flow_control_window
+            for sid in ids:
+                mine, stock = ours.streams.get(sid), theirs.streams.get(sid)
+                assert (mine is None) == (stock is None)
+                if mine is not None:
+                    assert mine.state_machine.state == stock.state_machine.state
+                    assert mine.outbound_flow_control_window == stock.outbound_flow_control_window
+                    assert mine.state_machine.trailers_sent == stock.state_machine.trailers_sent
+
+
 def test_a_ping_flood_gets_enhance_your_calm_and_the_connection_closed(grpc_broker):
     """h2 answers every PING: a client sending them back to back made the broker write an answer for each, for
     ever. Past PING_BURST in a row (then PINGS_PER_SECOND) with nothing else said, the connection gets a GOAWAY
