@@ -709,8 +709,15 @@ class _Connection(asyncio.Protocol):
             self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
             return
         stream.unacked += event.flow_controlled_length
-        buffer = stream.buffer
-        buffer += event.data
+        buffer, data = stream.buffer, event.data
+        if not buffer and len(data) >= 5:  # a whole message alone (a unary request): taken as it came
+            compressed, length = _PREFIX.unpack_from(data)
+            if len(data) == 5 + length and not compressed and length <= self.server.max_request:
+                self._message(stream, data[5:])
+                if not stream.closed:
+                    self._account(stream)
+                return
+        buffer += data
         while len(buffer) >= stream.needed:
             compressed, length = _PREFIX.unpack_from(buffer)
             if length > self.server.max_request:

@@ -33,7 +33,7 @@ from .auth import GROUP, SUB, TOPIC, Caller, require
 from .convert import BodyError, to_message
 from .route import checked_group, checked_topic
 from .schema import Code, FilterType, pb
-from .status import GrpcError, ok, status, status_for
+from .status import OK, GrpcError, ok, status, status_for
 
 log = logging.getLogger(__name__)
 AUTO_RENEW_INTERVAL_S = 10.0       #: how often auto-renewed receipts are pushed AUTO_RENEW_INVISIBLE_MS ahead again
@@ -281,10 +281,10 @@ class ReceiveService:
         outcomes = await self.receipts.ack(group, topic, [entry.receipt_handle for entry in request.entries])
         for entry, error in zip(request.entries, outcomes, strict=True):
             result = response.entries.add(message_id=entry.message_id, receipt_handle=entry.receipt_handle)
-            result.status.CopyFrom(ok() if error is None else status_for(error))
+            result.status.CopyFrom(OK if error is None else status_for(error))
         failed = [e for e in response.entries if e.status.code != Code["OK"]]
         if not failed:
-            response.status.CopyFrom(ok())
+            response.status.CopyFrom(OK)
         elif len(failed) == len(response.entries):
             response.status.CopyFrom(failed[0].status)
         else:

@@ -22,7 +22,7 @@ from .group_commit import GroupCommit
 from .route import checked_topic
 from .schema import Code, Encoding, TransactionResolution, TransactionSource, pb
 from .sessions import parse_transaction_id, transaction_group, transaction_id
-from .status import GrpcError, ok, status_for
+from .status import OK, GrpcError, ok, status_for
 
 
 #: gRPC's TransactionResolution onto the broker's (UNKNOWN is not an answer EndTransaction may give)
@@ -69,12 +69,12 @@ class SendService:
             entry = response.entries.add()
             try:
                 await self._send_one(msg, caller, session, born_host, entry)
-                entry.status.CopyFrom(ok())
+                entry.status.CopyFrom(OK)
             except Exception as exc:
                 entry.status.CopyFrom(status_for(exc))
                 failures += 1
         if failures == 0:
-            response.status.CopyFrom(ok())
+            response.status.CopyFrom(OK)
         elif failures == len(request.messages):
             response.status.CopyFrom(response.entries[0].status)
         else:

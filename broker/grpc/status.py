@@ -25,6 +25,10 @@ def ok(message: str = "OK"):
     return pb.Status(code=Code["OK"], message=message)
 
 
+#: ``ok()`` made once, to copy into answers (``CopyFrom``, a constructor's argument): never changed itself
+OK = ok()
+
+
 def status(code: int, message: str):
     return pb.Status(code=code, message=message)
 
