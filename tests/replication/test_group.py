@@ -20,14 +20,15 @@ pytestmark = pytest.mark.slow  # brokers of a group, each with its writer proces
 TOPIC = "Replicated"
 
 
-async def until(check, timeout: float, what: str) -> None:
-    """Polls ``check`` until it is true, or fails naming ``what``: a group's members change state in answer to
-    each other over sockets, which gives this test no event to wait on."""
+async def until(check, timeout: float, what: str, show=None) -> None:
+    """Polls ``check`` until it is true, or fails naming ``what`` (and what ``show()`` gives then): a group's members
+    change state in answer to each other over sockets, which gives this test no event to wait on."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while not check():
         if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for: {what}")
+            raise AssertionError(f"timed out after {timeout} s waiting for: {what}"
+                                 + (f" ({show()})" if show is not None else ""))
         await asyncio.sleep(0.02)
 
 
@@ -294,7 +295,9 @@ async def test_halves_survive_a_switchover_and_the_new_leader_checks_them_back(g
                             + [b"c-after"])
     # Decided at the old leader: never checked again, never applied twice (the bodies above: once each).
     assert {k for k in listener.checked if k in {f"c{i}" for i in range(5)}} == set()
-    await until(lambda: _status(brokers[0])["seq"] == _status(brokers[1])["seq"], 10, "the old leader follows")
+    # (30 s: CI once saw more than 10 s pass; the statuses say where the old leader was then)
+    await until(lambda: _status(brokers[0])["seq"] == _status(brokers[1])["seq"], 30, "the old leader follows",
+                lambda: f"old leader {_status(brokers[0])}, new leader {_status(brokers[1])}")
     assert _bodies(brokers[0], "TxRepl") == bodies
 
 
