@@ -227,6 +227,7 @@ async def test_halves_no_producer_answers_never_keep_the_store_refusing_sends(br
         client.close()
 
 
+@pytest.mark.slow  # it waits out the halves' retention age twice (7.2 s each)
 async def test_a_store_filled_with_big_halves_nobody_answers_frees_itself(broker_factory):
     """Issue 43: a client fills a 32 MiB store with 256 KiB halves of its own group until the store refuses (14),
     then leaves. Discarding a half (its checks used up, or no producer for fileReservedTime) wrote its copy to
