@@ -105,16 +105,22 @@ def broker_main(argv: list[str]) -> int:
                   argv)
 
 
-async def run_namesrv(config) -> None:
-    from .namesrv.server import NameServer
-    server = NameServer(config)
+async def serve_until_signalled(server, ready) -> None:
+    """Start ``server``, print ``ready()`` (scripts and supervisors wait for the line) and stop it on SIGINT or
+    SIGTERM: how the name server and the dashboard run as processes of their own."""
     stop = stop_on_signals()
     await server.start()
-    print(f"halfmq namesrv ready: {server.addr}", flush=True)
+    print(ready(), flush=True)
     try:
         await stop.wait()
     finally:
         await server.stop()
+
+
+async def run_namesrv(config) -> None:
+    from .namesrv.server import NameServer
+    server = NameServer(config)
+    await serve_until_signalled(server, lambda: f"halfmq namesrv ready: {server.addr}")
 
 
 def namesrv_main(argv: list[str]) -> int:
@@ -145,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         return cluster_main(rest)
     if command == "dashboard":
         # The dashboard is a client of the brokers too (halfmq.dashboard), handed over to by name as admin is.
-        return importlib.import_module("halfmq.dashboard.cli").main(rest)
+        # It runs as the name server does (serve_until_signalled): the dashboard may not import the broker package.
+        return importlib.import_module("halfmq.dashboard.cli").main(rest, serve_until_signalled)
     if command == "admin":
         # The admin tool is a client of the broker; the one `halfmq` entry point hands over to it by name, so the
         # broker package itself never depends on the client package.

@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import sys
 
 from .server import DashboardServer
@@ -32,24 +31,12 @@ def parse(argv: list[str]) -> DashboardSettings:
                              port=args.dashboardPort, acl=acl)
 
 
-async def serve(settings: DashboardSettings) -> None:
-    server = DashboardServer(settings)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await server.start()
-    print(f"halfmq dashboard ready: http://{server.addr}/", flush=True)
-    try:
-        await stop.wait()
-    finally:
-        await server.stop()
-
-
-def main(argv: list[str]) -> int:
+def main(argv: list[str], serve_until_signalled) -> int:
+    """``serve_until_signalled(server, ready)``: how the ``halfmq`` command runs a server until SIGINT or SIGTERM."""
     settings = parse(argv)
+    server = DashboardServer(settings)
     try:
-        asyncio.run(serve(settings))
+        asyncio.run(serve_until_signalled(server, lambda: f"halfmq dashboard ready: http://{server.addr}/"))
     except OSError as exc:
         print(f"halfmq: cannot start the dashboard: --dashboardPort={settings.port}: {exc.strerror or exc}",
               file=sys.stderr)
