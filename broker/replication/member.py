@@ -189,10 +189,13 @@ class GroupMember:
             await follower.stop()
             self._between("taking the leadership")
         self.broker_id = 0
-        await self._lead(epoch, election)
+        # etcd's set of the previous epoch goes first: while it still named a member that is not following yet,
+        # this leader could commit without it and, losing its lease, leave that member electable without the
+        # records (CI chaos seed 4101, etcd slow after a member's restart).
         others = [m for m in (election.isr.members if election.isr else ()) if m != str(self.election_id)]
         if others:
             await election.shrink_isr(others)
+        await self._lead(epoch, election)
         if self.on_role_change is not None:
             await self.on_role_change()
 
