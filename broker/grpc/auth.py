@@ -25,6 +25,7 @@ from ..acl import PUB, SUB, AccessValidator, Account, check_signed_time
 from ..errors import BrokerError, Failure
 from ..names import check_client_id
 from .convert import peer_host
+from .recent import remember
 from .schema import Code
 from .status import GrpcError
 
@@ -84,10 +85,7 @@ def authenticate(validator: AccessValidator, context) -> Caller:
     caller = _UNSIGNED.get(key)
     if caller is None:
         caller = _authenticate(validator, context)
-        if sum(len(name) + len(value) for name, value in key[0] or ()) <= UNSIGNED_METADATA_BYTES:
-            if len(_UNSIGNED) >= UNSIGNED_CALLERS:
-                _UNSIGNED.clear()
-            _UNSIGNED[key] = caller
+        remember(_UNSIGNED, key, caller, key[0] or (), UNSIGNED_CALLERS, UNSIGNED_METADATA_BYTES)
     return caller
 
 

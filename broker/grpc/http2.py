@@ -57,6 +57,7 @@ from h2.stream import StreamInputs
 from hyperframe.frame import GoAwayFrame, RstStreamFrame
 
 from ..transport import FrameBudget
+from .recent import remember
 
 log = logging.getLogger(__name__)
 
@@ -674,10 +675,7 @@ class _Connection(asyncio.Protocol):
         read = self.requests_read.get(key)
         if read is None:
             read = _read_headers(key)
-            if sum(len(name) + len(value) for name, value in key) <= REUSED_HEADERS_BYTES:
-                if len(self.requests_read) >= REUSED_BLOCKS:
-                    self.requests_read.clear()
-                self.requests_read[key] = read
+            remember(self.requests_read, key, read, key, REUSED_BLOCKS, REUSED_HEADERS_BYTES)
         path, timeout, metadata = read
         method = self.server.methods.get(path)
         if method is None:
