@@ -16,6 +16,7 @@ What a client can bring into existence, and how much of it:
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import asdict, dataclass
 
@@ -29,6 +30,9 @@ from .names import DLQ_PREFIX, RETRY_PREFIX, validate_topic_name  # noqa: F401 (
 
 log = logging.getLogger(__name__)
 
+#: how long a send that created its topic waits for the name servers to hear of it before it answers anyway (one
+#: that is slow or cut off must not hold the send past a client's timeout)
+ANNOUNCE_WAIT_S = 1.0
 DEFAULT_TOPIC = "TBW102"
 HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
 OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
@@ -128,7 +132,8 @@ class TopicManager:
         self.auto_create_groups = auto_create_groups
         self.max_groups = max_groups
         self.topics: dict[str, TopicConfig] = {}
-        #: called after a topic is created, changed or deleted (the broker re-registers with its name servers)
+        #: called after a topic is created, changed or deleted (the broker re-registers with its name servers); one
+        #: may return an awaitable, done once the change reached where it goes
         self.change_listeners: list = []
         self._counts = {_USER: 0, _GROUP: 0, _DLQ: 0}  # topics held, by _kind
         self._system = {
@@ -185,8 +190,9 @@ class TopicManager:
     def get(self, name: str) -> TopicConfig | None:
         return self.topics.get(name)
 
-    async def put(self, config: TopicConfig) -> None:
-        """Create or replace a topic; every new topic (admin, auto-created, retry, DLQ) passes here.
+    async def put(self, config: TopicConfig, announce: bool = False) -> None:
+        """Create or replace a topic; every new topic (admin, auto-created, retry, DLQ) passes here. With
+        ``announce``, returns once the listeners are done too (at most ANNOUNCE_WAIT_S).
 
         Raises:
             BrokerError: ILLEGAL_TOPIC for a name that names.py refuses.
@@ -205,7 +211,9 @@ class TopicManager:
                 else:
                     self._add(previous)
             raise
-        self._changed()
+        told = self._changed()
+        if announce and told:
+            await asyncio.wait(told, timeout=ANNOUNCE_WAIT_S)
 
     async def delete(self, name: str) -> bool:
         if name in SYSTEM_TOPICS:
@@ -217,9 +225,9 @@ class TopicManager:
         self._changed()
         return True
 
-    def _changed(self) -> None:
-        for listener in self.change_listeners:
-            listener()
+    def _changed(self) -> list:
+        """Tells the listeners; what they returned to await, for a caller that answers only once they are done."""
+        return [told for told in (listener() for listener in self.change_listeners) if told is not None]
 
     async def ensure_for_send(self, name: str, default_topic: str, default_queue_nums: int) -> TopicConfig:
         """The topic's config, creating it from the template topic when allowed (reference §3.1 step 4).
@@ -250,7 +258,9 @@ class TopicManager:
                             template.write_queue_nums))
         config = TopicConfig(name, queues, queues, template.perm & ~Perm.INHERIT)
         log.info("auto-created topic %s with %d queues", name, queues)
-        await self.put(config)
+        # As RocketMQ registers a topic its send created before answering: a consumer started once the send is
+        # acknowledged finds the topic's route on the name servers.
+        await self.put(config, announce=True)
         return config
 
     def group_exists(self, group: str) -> bool:

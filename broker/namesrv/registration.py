@@ -67,13 +67,19 @@ class Registrar:
         self.grpc_addr = grpc_addr
         self.links = [NamesrvLink(a.strip()) for a in config.namesrvAddr.split(";") if a.strip()]
         self._changed = asyncio.Event()
+        #: resolved once the registration round after the latest change answered (or failed) on every name server
+        self._next_round: asyncio.Future | None = None
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self.registered: dict[str, bool] = {link.addr: False for link in self.links}
 
-    def topics_changed(self) -> None:
-        """A topic was created, changed or deleted: every name server hears of it now, not a period later."""
+    def topics_changed(self) -> asyncio.Future:
+        """A topic was created, changed or deleted: every name server hears of it now, not a period later. The
+        future is done once they did (or failed to answer), for a caller that must not answer before."""
         self._changed.set()
+        if self._next_round is None:
+            self._next_round = asyncio.get_running_loop().create_future()
+        return self._next_round
 
     async def start(self) -> None:
         """Registers once with every name server (waiting at most one request timeout: a name server that is down
@@ -92,7 +98,10 @@ class Registrar:
             if self._stop.is_set():
                 return
             self._changed.clear()
+            announced, self._next_round = self._next_round, None
             await asyncio.gather(*(self._register(link) for link in self.links))
+            if announced is not None:
+                announced.set_result(None)
             try:
                 await asyncio.wait_for(self._stop.wait(), MIN_REGISTER_GAP_S)
             except asyncio.TimeoutError:
@@ -135,6 +144,8 @@ class Registrar:
         self._stop.set()
         self._changed.set()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._next_round is not None:
+            self._next_round.set_result(None)  # nobody waits on name servers this broker leaves
         cfg = self.config
         header = UnregisterBrokerRequestHeader(brokerName=cfg.brokerName, brokerAddr=self.broker_addr,
                                                clusterName=cfg.brokerClusterName, brokerId=self.broker_id)

@@ -277,3 +277,31 @@ async def test_a_broker_creating_topics_in_a_burst_is_never_refused_by_its_name_
             return (await admin.topic_route("Burst99"))["brokerDatas"]
         await until(last_routed, 10, "the burst's last topic routed")
     assert not any("refused this broker's registration" in line for line in cluster.brokers[0].lines)
+
+
+async def test_a_send_that_creates_a_topic_is_answered_once_the_name_servers_route_it(tmp_path):
+    """As RocketMQ registers a topic a send created before it answers the send: a consumer started once the first
+    send was acknowledged finds the route, even over a slow link from the broker to its name server (CI: a pull
+    consumer asking right after a producer's sends was told TOPIC_NOT_EXIST)."""
+    from tests.support.broker_process import BrokerProcess
+    from tests.support.proxy import Proxy
+
+    namesrv = await NamesrvProcess().start()
+    slow = await Proxy(namesrv.addr, delay=0.2).start()
+    broker = BrokerProcess(tmp_path / "broker", "--brokerName=slow-link", f"--namesrvAddr={slow.addr}")
+    try:
+        await broker.start()
+        await until(lambda: _knows(namesrv.addr, "slow-link"), 10, "the broker registered")
+        async with Producer("PG_NEW_TOPIC", namesrv.addr) as producer:
+            await producer.send(Message("CreatedBySend", b"first"))
+        async with Admin(namesrv.addr) as admin:
+            route = await admin.topic_route("CreatedBySend")
+        assert [b["brokerName"] for b in route["brokerDatas"]] == ["slow-link"]
+    finally:
+        await broker.stop()
+        await slow.stop()
+        await namesrv.stop()
+
+
+async def _knows(namesrv: str, broker: str) -> bool:
+    return broker in await brokers_known(namesrv)

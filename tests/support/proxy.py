@@ -10,6 +10,8 @@ its proxy, wholly or for the connections of some clients.
   ``heal(reset=True)``: each connection that was held is reset instead (both ends see it fail), as after a cut
   long enough for TCP to give up.
 
+``delay``: each chunk crosses that many seconds late, as over a slow link.
+
 ``identify`` names a connection's client from the first bytes it sends (None: more bytes needed), so that a cut
 can apply to some clients only; it runs before anything of the connection is forwarded.
 """
@@ -50,9 +52,10 @@ class _Connection:
 class Proxy:
     """Forwards connections to ``target`` (HOST:PORT) from ``addr`` once started."""
 
-    def __init__(self, target: str, identify: Callable[[bytes], str | None] | None = None):
+    def __init__(self, target: str, identify: Callable[[bytes], str | None] | None = None, delay: float = 0.0):
         self.target = target
         self.identify = identify
+        self.delay = delay
         self.addr = ""
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[_Connection] = set()
@@ -158,6 +161,8 @@ class Proxy:
         """One direction: each chunk (and the end) crosses only while the connection is not cut."""
         while True:
             chunk = await reader.read(CHUNK)
+            if self.delay:
+                await asyncio.sleep(self.delay)  # the link's latency, not a wait for anything
             await self._gate(connection)
             if connection.aborted:
                 return
