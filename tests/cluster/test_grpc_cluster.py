@@ -18,6 +18,7 @@ from halfmq.client.admin import Admin
 
 from tests.support.cluster import LocalCluster, until
 from tests.support.grpc_raw import GrpcRaw, signed_metadata
+from tests.support import rocketmq5
 
 pytestmark = pytest.mark.grpc
 BROKERS = ("broker-0", "broker-1", "broker-2")
@@ -93,7 +94,7 @@ async def test_every_broker_routes_the_whole_cluster_and_the_official_client_use
 
     def produce() -> list:
         producer = Producer(client_config(b0), ("Orders",))
-        producer.startup()
+        rocketmq5.started(producer)
         try:
             return [producer.send(message("Orders", b"order %d" % i)) for i in range(30)]
         finally:
@@ -118,7 +119,7 @@ async def test_every_broker_routes_the_whole_cluster_and_the_official_client_use
     def consume() -> list:
         consumer = SimpleConsumer(client_config(b2), "OrderReaders", {"Orders": FilterExpression("*")},
                                   await_duration=1)
-        consumer.startup()
+        rocketmq5.started(consumer)
         try:
             got = receive_all(consumer, len(receipts))
             for msg in got:
@@ -151,7 +152,7 @@ async def test_each_half_is_checked_back_by_the_broker_that_holds_it(cluster):
     producer = Producer(client_config(b0), ("Pay",), checker)
 
     def produce() -> list:
-        producer.startup()
+        rocketmq5.started(producer)
         # left open: only each half's own broker can ask about it, and only its commit there makes it visible
         receipts = [producer.send(message("Pay", b"charge %d" % i), producer.begin_transaction()) for i in range(6)]
         checked, deadline = set(), time.monotonic() + 30
@@ -161,7 +162,7 @@ async def test_each_half_is_checked_back_by_the_broker_that_holds_it(cluster):
 
     def consume(count: int) -> list:
         consumer = SimpleConsumer(client_config(b2), "Payers", {"Pay": FilterExpression("*")}, await_duration=1)
-        consumer.startup()
+        rocketmq5.started(consumer)
         try:
             return receive_all(consumer, count)
         finally:

@@ -8,6 +8,7 @@ import pytest
 from rocketmq import ClientConfiguration, Credentials
 from rocketmq.grpc_protocol.definition_pb2 import Metric
 
+from tests.support import rocketmq5 as official
 from tests.support.broker_thread import BrokerThread
 
 pytestmark = pytest.mark.grpc
@@ -69,8 +70,7 @@ def clients():
 
     def start(client):
         started.append(client)
-        client.startup()
-        return client
+        return official.started(client)
 
     yield start
     for client in reversed(started):

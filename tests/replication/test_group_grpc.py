@@ -12,6 +12,7 @@ from halfmq.broker.grpc.schema import Code, pb
 from tests.replication.test_group_faults import bodies_at, in_sync, until
 from tests.support.cluster import BrokerGroup
 from tests.support.grpc_raw import GrpcRaw, signed_metadata
+from tests.support import rocketmq5
 
 pytestmark = [pytest.mark.grpc, pytest.mark.slow]
 TOPIC = "GroupGrpc"
@@ -37,7 +38,7 @@ async def test_a_rocketmq5_producer_sends_through_the_leader_and_the_follower_ho
         def produce() -> list:
             config = ClientConfiguration(leader.grpc_addr, Credentials("", ""), request_timeout=5)
             producer = Producer(config, (TOPIC,))
-            producer.startup()
+            rocketmq5.started(producer)
             try:
                 out = []
                 for i in range(100):
@@ -70,7 +71,7 @@ async def test_a_rocketmq5_producer_keeps_sending_through_a_failover_with_nothin
         def produce() -> None:
             config = ClientConfiguration(entry.grpc_addr, Credentials("", ""), request_timeout=3)
             producer = Producer(config, (TOPIC,))
-            producer.startup()
+            rocketmq5.started(producer)
             try:
                 deadline = time.monotonic() + 90
                 i = 0
