@@ -164,6 +164,7 @@ class GroupElection:
         self._keeper: asyncio.Task | None = None
         self._background: set[asyncio.Task] = set()
         self._isr_lock = asyncio.Lock()
+        self._isr_unsure = False            #: an in-sync set change got no answer: etcd's set may differ from the term's
 
     # --- keys ---
     @property
@@ -289,14 +290,23 @@ class GroupElection:
                 if term is None:
                     raise NotLeader(f"{self.member_id} does not lead {self.prefix}")
                 members = change(term.isr.members)
-                if members == term.isr.members:
+                if members == term.isr.members and not self._isr_unsure:
                     return term.isr
-                answer = await self._txn(
-                    [_compare(self.leader_key, "CREATE", term.leader_revision),
-                     _compare(self.epoch_key, "MOD", term.epoch_revision),
-                     _compare(self.isr_key, "MOD", term.isr.revision)],
-                    [_put(self.isr_key, {"members": list(members), "epoch": term.epoch})],
-                    [{"request_range": {"key": _b64(key)}} for key in (self.leader_key, self.epoch_key, self.isr_key)])
+                try:
+                    answer = await self._txn(
+                        [_compare(self.leader_key, "CREATE", term.leader_revision),
+                         _compare(self.epoch_key, "MOD", term.epoch_revision),
+                         _compare(self.isr_key, "MOD", term.isr.revision)],
+                        [_put(self.isr_key, {"members": list(members), "epoch": term.epoch})],
+                        [{"request_range": {"key": _b64(key)}}
+                         for key in (self.leader_key, self.epoch_key, self.isr_key)])
+                except BaseException:
+                    # No answer: etcd may have applied it. Until an answer shows the set, no change is taken for
+                    # done because the term's copy says so (a shrink skipped so would stop the leader waiting for
+                    # a member etcd still holds); the compare-and-swap reveals the set instead.
+                    self._isr_unsure = True
+                    raise
+                self._isr_unsure = False
                 # the term may have ended while etcd answered (the keep-alive gave up): never bring it back
                 if answer.get("succeeded"):
                     isr = Isr(members, term.epoch, int(answer["header"]["revision"]))

@@ -286,3 +286,34 @@ async def test_a_member_outside_the_in_sync_set_cannot_win(elections):
     # the member in the set still can; an epoch a store saw beyond etcd's counter is respected
     assert await inside.campaign(min_epoch=7) == 7
     assert (await outside.read_group()).epoch == 7
+
+
+async def test_an_isr_change_whose_answer_was_lost_is_not_trusted_by_the_next_change(etcd, group_name, elections):
+    """A grow etcd applied but whose answer never came back (etcd slow, the request timed out) left the leader's
+    view of the set without the member; a shrink of that member then found nothing to change and returned, so the
+    leader stopped waiting for a member etcd still held in its in-sync set: electable without what was committed
+    after (CI, chaos seed 4101: 44 bodies a consumer read were on no member afterwards)."""
+    from tests.support.proxy import Proxy
+
+    slow = await Proxy(etcd.endpoints[0]).start()
+    try:
+        # a long lease: its renewals crossing the slow link too must not end its term meanwhile
+        leader = await elections("leader", timeout=0.5, lease_seconds=30)
+        leader.endpoints = [slow.addr]  # its requests cross the slow link, and only it
+        assert await leader.campaign() == 1
+        slow.delay = 1.0  # a request reaches etcd after the leader gave up waiting for its answer
+        with pytest.raises(EtcdUnavailable):
+            await leader.grow_isr("follower")
+        observer = await elections("observer")
+
+        async def isr() -> tuple[str, ...]:
+            return (await observer.read_group()).isr.members
+        deadline = time.monotonic() + 10
+        while "follower" not in await isr():  # the lost request lands
+            assert time.monotonic() < deadline, "the grow never reached etcd"
+            await asyncio.sleep(0.05)
+        slow.delay = 0.0
+        await leader.shrink_isr(["follower"])
+        assert await isr() == ("leader",)
+    finally:
+        await slow.stop()
