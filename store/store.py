@@ -336,6 +336,17 @@ class MessageStore:
         if not ops:
             return
         self._outbox, self._outbox_completions = [], []
+        refusal = self.write_refusal() if self.write_refusal is not None else None
+        if refusal is not None:
+            # Taken before the refusal was in place (a burst's held group, this loop iteration): the role that took
+            # them has ended, and the writer would number them as records of an epoch this member no longer leads.
+            refused = [(c, (False, refusal)) for op, c in zip(ops, completions) if type(op) is not ApplyRedo]
+            if refused:
+                self.loop.call_soon(self._publish, refused, {})
+                kept = [(op, c) for op, c in zip(ops, completions) if type(op) is ApplyRedo]
+                ops, completions = [op for op, _ in kept], [c for _, c in kept]
+                if not ops:
+                    return
         self.total_groups += 1
         self.total_ops += len(ops)
         self.last_group_size = len(ops)

@@ -184,3 +184,22 @@ async def test_a_writer_restarted_while_leading_goes_on_recording_in_the_same_ep
     # Every commit of the new writer is a record of the same epoch, numbered on from the store's last.
     assert [r[:2] for r in gate.records] == [(4, 1), (4, 2)]
     assert leader.position == (4, 2)
+
+
+async def test_writes_a_burst_held_while_the_member_stopped_leading_are_refused_not_written(stores):
+    """A connection's burst holds its group across loop iterations (hold_group); a leader that stepped down
+    meanwhile refuses writes, yet the held group still went to the writer when the burst ended, numbered as records
+    of the epoch it no longer led, and was published by the next role's gate (CI, chaos seed 4101: sends a deposed
+    leader stored after it stepped down were read by a consumer and were on no member afterwards)."""
+    store = await stores("leader")
+    store.set_gate(Recorder())
+    await store.lead(1)
+    await put(store, request(body=b"a"))
+    position = store.position
+    store.hold_group()
+    held = put(store, request(body=b"b"))
+    store.write_refusal = lambda: NotLeaderError("this broker stepped down")
+    store.release_group()
+    with pytest.raises(NotLeaderError, match="stepped down"):
+        await held
+    assert store.position == position
