@@ -78,6 +78,9 @@ class MessageStore:
         self._position: tuple[int, int] = (0, 0)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.queue_max: dict[tuple[str, int], int] = {}
+        #: why readers of queues see nothing yet (a group member whose store its leader has not seen since it
+        #: started: it may hold a tail that a failover took back), or None
+        self.reads_held: str | None = None
         #: first offset still held per queue (absent: 0); it moves up as retention deletes
         self.queue_min: dict[tuple[str, int], int] = {}
         #: why new messages are refused (the store is above its hard use ratio), or None

@@ -102,6 +102,8 @@ class ConsumerService:
         ctx = self.ctx
         topic, queue_id, offset = request.topic, request.queue_id, request.offset
         self.check_queue(self.readable_topic(topic), queue_id)
+        if ctx.store.reads_held is not None:
+            raise BrokerError(Failure.NOT_REPLICATED, ctx.store.reads_held)
         tag_codes = self.tag_codes(request)
         if request.commit_offset is not None:
             ctx.offsets.commit(request.group, topic, queue_id, request.commit_offset)

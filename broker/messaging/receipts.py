@@ -218,6 +218,8 @@ class ReceiptService:
         invisible for ``invisible_ms``, as (record, handle, attempts, stored bytes); and the earliest time a held
         one becomes visible. With ``renew_for`` (a client id), the receipts taken are renewed while that client is
         alive (``renew``), for at most AUTO_RENEW_MAX_MS."""
+        if self.ctx.store.reads_held is not None:
+            return [], None  # as a queue with nothing new: the receive waits out its long poll
         taken, next_visible = await self._take_from(group, topic, queues, tag_codes, batch, max_bytes, invisible_ms)
         if taken and renew_for is not None:
             until = now_ms() + AUTO_RENEW_MAX_MS

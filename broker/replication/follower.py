@@ -164,6 +164,8 @@ class ReplicationFollower:
             self.connected = True
             log.info("following %s (epoch %d) from record %s", addr, self.leader_epoch,
                      "a snapshot" if "snapshot" in answer.ext_fields else answer.ext_fields["from"])
+            if "snapshot" not in answer.ext_fields:
+                self._confirmed()
             self._set_committed(int(answer.ext_fields["commit"]))
             self._send_offsets()
             await proto.closed
@@ -296,7 +298,13 @@ class ReplicationFollower:
         ctx.offsets.reload()
         self.snapshots += 1
         log.info("installed the leader's snapshot at record %d", seq)
+        self._confirmed()
         self._send(wire.ack(snapshot=size))
+
+    def _confirmed(self) -> None:
+        """The leader has seen this store: its records are a prefix of the leader's, or its snapshot replaced them.
+        Readers see it from now on."""
+        self.store.reads_held = None
 
     def _close_snapshot(self) -> None:
         if self._snapshot_file is not None:

@@ -84,6 +84,11 @@ class GroupMember:
         self.find_leader = find_leader          #: async () -> the leader's HA address known to the name servers
         self.on_role_change = on_role_change    #: called after the role changed (the broker registers again)
         self.enabled = replicated(ctx.config)
+        if self.enabled:
+            # Started with whatever its store holds, an unacknowledged tail of its own leadership included: nothing
+            # of it is read until it leads or its leader has seen the store (ReplicationFollower.confirmed).
+            ctx.store.reads_held = (f"broker {self.config.brokerName} has not resynced with its group since it "
+                                    f"started: read from the group's leader")
         self.ha_addr = ""                       #: this member's replication address, once listening
         self.leader: ReplicationLeader | None = None
         self.follower: ReplicationFollower | None = None
@@ -156,6 +161,7 @@ class GroupMember:
     async def _lead(self, epoch: int, election=None) -> None:
         store = self.ctx.store
         await store.lead(epoch)
+        store.reads_held = None  # what the leader holds is the group's
         self.leader = ReplicationLeader(self.ctx, epoch)
         if election is not None:
             # Elected: nothing is answered past the lease, and the in-sync set is kept in etcd.

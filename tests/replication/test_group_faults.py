@@ -220,11 +220,15 @@ async def test_a_former_leader_with_an_unacknowledged_tail_drops_it_when_it_foll
             await follower.kill_group()
         assert (await status(leader))["seq"] > follower_seq
         await leader.kill_group()
-        # The operator promotes the follower (restarted as brokerId 0) and brings the old leader back as brokerId 1.
-        group.members[0] = group.member_process(1, "--brokerId=0")  # the follower's store, its new role
-        await group.members[0].start()
+        # The operator brings the old leader back as brokerId 1 and promotes the follower (restarted as brokerId
+        # 0). Until its new leader has seen its store, the old leader's readers see nothing of it: its tail was
+        # read there before (CI, chaos seed 4101: bodies a consumer read from a restarted member were gone once it
+        # resynced).
         group.members[1] = group.member_process(0, "--brokerId=1")
         await group.members[1].start()
+        assert await bodies_at(group.members[1].broker_addr) == []
+        group.members[0] = group.member_process(1, "--brokerId=0")  # the follower's store, its new role
+        await group.members[0].start()
         new_leader, old_leader = group.members
         await until(lambda: in_sync(group, (0, 1)), 60, "the former leader follows, in sync")
         held = await bodies_at(old_leader.broker_addr)
