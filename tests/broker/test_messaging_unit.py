@@ -249,6 +249,7 @@ class ReceiptStore:
 
     def __init__(self, records: list[bytes], held: list, cursor: int | None):
         self.records, self.held, self.cursor = records, held, cursor
+        self.reads_held = None
         self.ops: list = []
         self.answer = lambda op: None
 
@@ -340,13 +341,23 @@ async def test_a_receipt_past_its_deliveries_goes_to_the_dlq_instead_of_out_agai
     assert service.dead_lettered == 1
 
 
+async def test_a_member_whose_store_its_group_has_not_seen_gives_receives_nothing_and_writes_nothing(monkeypatch):
+    from halfmq.protocol.message import encode_record
+
+    raw = bytes(encode_record(message("T", body=b"maybe taken back")))
+    service, store, _woken = receipt_service(monkeypatch, records=[raw], cursor=0)
+    store.reads_held = "broker g has not resynced with its group since it started"
+    assert await service.take("G", "T", [0], None, 8, 1 << 20, 30_000) == ([], None)
+    assert store.ops == []
+
+
 # --- ConsumerService.pull -----------------------------------------------------------------------------------------
 def consumer_service(records: list[bytes], start: int = 0, subscription=None):
     from halfmq.broker.messaging.consumer import ConsumerService
 
     committed = {}
-    store = SimpleNamespace(min_offset=lambda t, q: start, max_offset=lambda t, q: start + len(records),
-                            read_queue=lambda t, q, offset, count, tags, max_bytes: (
+    store = SimpleNamespace(reads_held=None, min_offset=lambda t, q: start,
+                            max_offset=lambda t, q: start + len(records), read_queue=lambda t, q, offset, count, tags, max_bytes: (
                                 records[offset - start:offset - start + count],
                                 min(offset + count, start + len(records))))
     ctx = SimpleNamespace(config=BrokerConfig(), store=store, metrics=None,
@@ -372,6 +383,17 @@ def test_a_pull_answers_what_its_offset_finds(records, start, offset, status, ne
     assert (pulled.status.name, pulled.next_offset, pulled.remark) == (status, next_offset, remark)
     assert (pulled.min_offset, pulled.max_offset) == (start, start + len(records))
     assert pulled.records == (records[offset - start:] if status == "FOUND" else [])
+
+
+def test_a_pull_of_a_member_whose_store_its_group_has_not_seen_is_refused_and_reads_nothing():
+    from halfmq.broker.messaging.consumer import PullRequest
+
+    service, committed = consumer_service([b"a", b"b"])
+    service.ctx.store.reads_held = "broker g has not resynced with its group since it started"
+    with pytest.raises(BrokerError) as refused:
+        service.pull(PullRequest("G", "T", 0, 0, 32, ("TAG", "*"), commit_offset=1))
+    assert refused.value.failure is Failure.NOT_REPLICATED and "resynced" in str(refused.value)
+    assert committed == {}
 
 
 def test_a_pull_commits_the_groups_progress_first_and_reads_with_its_subscription():
