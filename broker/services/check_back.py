@@ -155,8 +155,10 @@ class CheckBackService:
         if not self._last_check:
             return
         due_now: list[int] = []
-        for offset, (ref, when, group) in self._last_check.items():
-            if ref() is not channel or channel.heard_since(when):
+        for offset, (ref, _when, group) in self._last_check.items():
+            # Read or not, a check whose channel closed is not answered there any more (a producer closing says
+            # goodbye first: heard from after its check, it was taken to have read it, and the check waited).
+            if ref() is not channel:
                 continue
             if self.ctx.producers.live_channels(group):
                 due_now.append(offset)

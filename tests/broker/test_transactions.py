@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from halfmq.protocol import properties as P
 from halfmq.protocol.codes import RequestCode, ResponseCode, SysFlag
 from halfmq.broker.services.check_back import with_check_times
@@ -151,16 +153,21 @@ async def test_no_producer_then_heartbeat_checks_at_once_without_burning_attempt
     back.close()
 
 
-async def test_a_check_its_producer_closed_on_unanswered_goes_to_the_groups_next_producer_at_once(broker_factory):
+@pytest.mark.parametrize("goodbye", [False, True])
+async def test_a_check_its_producer_closed_on_unanswered_goes_to_the_groups_next_producer_at_once(broker_factory,
+                                                                                                goodbye):
     """CI: a producer that crashed right after its half (tests/client: the database committed, END_TRANSACTION never
     sent) still had an open channel when the half came due; the check went there, and the group's next producer
-    waited the whole check interval (60 s) for it."""
+    waited the whole check interval (60 s) for it. Again (CI, with ``goodbye``): a producer closing unregisters
+    first, and a channel heard from after its check was taken to have read it, closed or not."""
     broker = await broker_factory(transactionTimeOut=20, transactionCheckInterval=3_600_000)
     crashed = await RawClient.connect(broker.addr)
     await crashed.heartbeat("crashed", producer_groups=[GROUP])
     _r, offset = await send_half(crashed)
     check = await asyncio.wait_for(crashed.incoming.get(), 5)  # written to it; it dies without reading
     assert check.ext_fields["commitLogOffset"] == str(offset)
+    if goodbye:
+        await crashed.request(RequestCode.UNREGISTER_CLIENT, {"clientID": "crashed", "producerGroup": GROUP})
     crashed.close()
     await crashed.closed.wait()
     back = await RawClient.connect(broker.addr)
