@@ -164,7 +164,8 @@ class GroupElection:
         self._keeper: asyncio.Task | None = None
         self._background: set[asyncio.Task] = set()
         self._isr_lock = asyncio.Lock()
-        self._isr_unsure = False            #: an in-sync set change got no answer: etcd's set may differ from the term's
+        #: an in-sync set change got no answer: etcd's set may differ from the term's copy
+        self._isr_unsure = False
 
     # --- keys ---
     @property

@@ -86,7 +86,7 @@ class GroupMember:
         self.enabled = replicated(ctx.config)
         if self.enabled:
             # Started with whatever its store holds, an unacknowledged tail of its own leadership included: nothing
-            # of it is read until it leads or its leader has seen the store (ReplicationFollower.confirmed).
+            # of it is read until it leads or its leader has seen the store (ReplicationFollower._confirmed).
             ctx.store.reads_held = (f"broker {self.config.brokerName} has not resynced with its group since it "
                                     f"started: read from the group's leader")
         self.ha_addr = ""                       #: this member's replication address, once listening
